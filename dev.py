@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The project's two commands, on a fresh machine with nothing but Python installed.
+
+    python3 dev.py demo     # set up .venv if needed, then run the main job
+    python3 dev.py test     # set up .venv if needed, then run the test suite
+    python3 dev.py bench    # the solver benchmark (see benchmarks/)
+
+Set-up is idempotent: ``.venv`` is created once (with access to system site-packages, so a
+machine that already has torch >= 2.11, e.g. a CUDA machine, keeps its own build), torch is
+installed as the CPU wheel when missing (never a multi-GB CUDA build on a CPU machine), then this
+package is installed in editable mode with its test extras. A stamp file skips the install when
+``pyproject.toml`` has not changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+STAMP = VENV / ".memplan-installed"
+TORCH_PIN = "torch==2.13.0"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _run(cmd: list[str], **kw: object) -> int:
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, **kw)  # type: ignore[arg-type]
+
+
+def _have_torch() -> bool:
+    code = (
+        "import torch, sys; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]);"
+        "sys.exit(0 if v >= (2, 11) else 1)"
+    )
+    return subprocess.call([str(PY), "-c", code], stderr=subprocess.DEVNULL) == 0
+
+
+def _install_torch() -> None:
+    pip = [str(PY), "-m", "pip", "install", "-q"]
+    # 1. a wheel that lies on this machine's disk (pip's find-links), 2. the CPU index, 3. PyPI.
+    for extra in (["--no-index"], ["--index-url", CPU_INDEX], []):
+        if _run(pip + extra + [TORCH_PIN]) == 0:
+            return
+    raise SystemExit(f"could not install {TORCH_PIN}; install torch>=2.11 yourself and rerun")
+
+
+def ensure_env() -> None:
+    """Create ``.venv`` and install the project into it, unless already done for this pyproject."""
+    if not PY.exists():
+        venv.EnvBuilder(with_pip=True, system_site_packages=True).create(VENV)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == digest and _have_torch():
+        return
+    if not _have_torch():
+        _install_torch()
+    if _run([str(PY), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"]) != 0:
+        raise SystemExit("pip install -e .[test] failed")
+    STAMP.write_text(digest)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"demo", "test", "bench"}:
+        print(__doc__)
+        return 2
+    ensure_env()
+    cmd, rest = argv[0], argv[1:]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if cmd == "test":
+        return _run([str(PY), "-m", "pytest", "-q", *rest], cwd=ROOT, env=env)
+    return _run([str(PY), "-m", "lightning_memplan.cli", cmd, *rest], cwd=ROOT, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
