@@ -1,0 +1,65 @@
+"""``memplan bench``: the solver benchmark on the command line (see :mod:`.benchmark`)."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from tabulate import tabulate
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``bench`` subcommand to the ``memplan`` parser."""
+    p = subparsers.add_parser(
+        "bench", help="knapsack solvers: ours vs torch's, side by side, on seeded instances"
+    )
+    p.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000, 3000],
+                   help="numbers of items (default: 50 200 1000 3000)")
+    p.add_argument("--seeds", type=int, default=3, help="instances per size (default: 3)")
+    p.add_argument("--budget", type=float, default=0.5,
+                   help="memory budget, normalized units (default: 0.5)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per call (median)")
+    p.add_argument("--torch-timeout", type=float, default=60.0,
+                   help="seconds before torch's ilp_knapsack is reported as a time-out")
+    p.add_argument("--frontier-n", type=int, default=300, help="items for the frontier row")
+    p.set_defaults(func=run)
+
+
+def quick_args() -> argparse.Namespace:
+    """The benchmark's quick mode (used by ``memplan demo`` until the demo lands)."""
+    return argparse.Namespace(
+        sizes=[50, 200, 1000], seeds=1, budget=0.5, repeats=3, torch_timeout=20.0, frontier_n=300
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the three tables; returns 0."""
+    from .benchmark import (
+        FLOOR_HEADERS,
+        FRONTIER_HEADERS,
+        SOLVER_HEADERS,
+        floor_row,
+        frontier_rows,
+        solver_table,
+    )
+
+    if args.seeds < 1 or args.repeats < 1 or any(n < 1 for n in args.sizes):
+        raise SystemExit(
+            f"memplan bench: --seeds, --repeats and --sizes must be >= 1, got seeds={args.seeds!r}, "
+            f"repeats={args.repeats!r}, sizes={args.sizes!r}"
+        )
+    t0 = time.perf_counter()
+    print(f"Knapsack solvers, ours vs torch ({args.seeds} seeded instance(s) per size, "
+          f"budget {args.budget}, median of {args.repeats}); gap = worst % below the best "
+          "feasible plan; torch's ilp runs in a forked process with a time-out.", flush=True)
+    rows = solver_table(args.sizes, list(range(args.seeds)), args.budget, args.repeats,
+                        args.torch_timeout)
+    print(tabulate(rows, headers=SOLVER_HEADERS, tablefmt="github"), flush=True)
+    print()
+    print(tabulate(frontier_rows(args.frontier_n, 0), headers=FRONTIER_HEADERS,
+                   tablefmt="github"))
+    print()
+    n_floor = 1000 if 1000 in args.sizes else max(args.sizes)
+    print(tabulate([floor_row(n_floor, 0, args.budget)], headers=FLOOR_HEADERS,
+                   tablefmt="github"))
+    print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s)")
+    return 0
