@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 STAMP = VENV / ".memplan-installed"
-TORCH_PIN = "torch==2.13.0"
+TORCH_CPU = "torch==2.13.0+cpu"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -43,11 +43,13 @@ def _have_torch() -> bool:
 
 def _install_torch() -> None:
     pip = [str(PY), "-m", "pip", "install", "-q"]
-    # 1. a wheel that lies on this machine's disk (pip's find-links), 2. the CPU index, 3. PyPI.
-    for extra in (["--no-index"], ["--index-url", CPU_INDEX], []):
-        if _run(pip + extra + [TORCH_PIN]) == 0:
+    # The CPU build, by its local version label: a wheel on this machine's disk (pip's find-links)
+    # or one a configured index has; then PyTorch's CPU index; last, whatever pip finds (on macOS
+    # and Windows the plain wheels are CPU builds).
+    for args in ([TORCH_CPU], ["--extra-index-url", CPU_INDEX, TORCH_CPU], ["torch>=2.11"]):
+        if _run(pip + args) == 0:
             return
-    raise SystemExit(f"could not install {TORCH_PIN}; install torch>=2.11 yourself and rerun")
+    raise SystemExit("could not install torch; install torch>=2.11 yourself and rerun")
 
 
 def ensure_env() -> None:
