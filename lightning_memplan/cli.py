@@ -16,7 +16,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from lightning_memplan.solvers import _bench_cli
+    from lightning_memplan.bench import _cli as _bench_cli
 
     _bench_cli.register(sub)
     try:
@@ -32,7 +32,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from lightning_memplan.solvers import _bench_cli
+    from lightning_memplan.bench import _cli as _bench_cli
 
     return _bench_cli.run(_bench_cli.quick_args())
 

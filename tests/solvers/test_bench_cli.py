@@ -14,6 +14,7 @@ def test_bench_prints_side_by_side_tables(capsys: pytest.CaptureFixture[str]) ->
     for solver in ("greedy", "dp", "hirschberg", "ilp"):
         assert f"|  30 | {solver}" in out
     assert "frontier n=25" in out and "dp n=30" in out
+    assert "torch knee budget" in out
     # our exact solvers: no violation, no crash, never suboptimal
     for line in out.splitlines():
         if line.startswith("|  30 |"):

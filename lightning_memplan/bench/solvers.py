@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import dp_knapsack, get_solver, hirschberg_knapsack, ilp_solve, pareto_frontier
-from ._problem import fits, quantize_budget, quantize_sizes
+from ..solvers import dp_knapsack, get_solver, hirschberg_knapsack, ilp_solve, pareto_frontier
+from ..solvers._problem import fits, quantize_budget, quantize_sizes
 
 SOLVERS = ("greedy", "dp", "hirschberg", "ilp")
 _Solver = Callable[[list[float], list[float], float], tuple[float, list[int], list[int]]]

@@ -1,4 +1,4 @@
-"""``memplan bench``: the solver benchmark on the command line (see :mod:`.benchmark`)."""
+"""``memplan bench``: the solver benchmark on the command line (see :mod:`.solvers` and :mod:`.knee`)."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +33,7 @@ def quick_args() -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     """Print the three tables; returns 0."""
-    from .benchmark import (
+    from .solvers import (
         FLOOR_HEADERS,
         FRONTIER_HEADERS,
         SOLVER_HEADERS,
@@ -61,5 +61,9 @@ def run(args: argparse.Namespace) -> int:
     n_floor = 1000 if 1000 in args.sizes else max(args.sizes)
     print(tabulate([floor_row(n_floor, 0, args.budget)], headers=FLOOR_HEADERS,
                    tablefmt="github"))
+    print()
+    from .knee import KNEE_HEADERS, knee_rows
+
+    print(tabulate(knee_rows([args.frontier_n]), headers=KNEE_HEADERS, tablefmt="github"))
     print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s)")
     return 0
