@@ -5,6 +5,24 @@ one-pass Pareto frontier) and :mod:`lightning_memplan.placement` (static tensor 
 """
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["Forecast", "__version__", "forecast", "measure_peak"]
+
+# torch-backed entry points load on first use, so the pure packages import without torch
+# (the module is `forecasting`, not `forecast`: a submodule would shadow the function)
+_LAZY = {
+    "Forecast": "lightning_memplan.forecasting",
+    "forecast": "lightning_memplan.forecasting",
+    "measure_peak": "lightning_memplan.measure",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lightning_memplan' has no attribute {name!r}")

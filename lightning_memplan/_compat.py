@@ -1,0 +1,278 @@
+"""Every private torch symbol lightning_memplan uses, in one place.
+
+torch's partitioner, inductor scheduler and profiler internals change between releases (2.11 on
+the GPU machine, 2.13 here). Each accessor below imports one symbol lazily and, when it is missing,
+raises a :class:`RuntimeError` that names the symbol, the torch version found and the fix. Nothing
+else in the package imports ``torch._*`` modules directly.
+
+The two context managers that temporarily replace a torch module attribute
+(:func:`probe_partitioner`, :func:`probe_inductor_schedule`) restore it in ``finally``.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MIN_TORCH",
+    "require",
+    "torch_version",
+]
+
+#: The oldest torch with ``CustomKnapsackSolver`` (the hook our solver adapter subclasses).
+MIN_TORCH: tuple[int, int] = (2, 11)
+
+
+def torch_version() -> tuple[int, int]:
+    """``(major, minor)`` of the installed torch, e.g. ``(2, 13)``."""
+    parts = torch.__version__.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def require(module: str, name: str) -> Any:
+    """Return ``module.name`` or raise a RuntimeError that says what is missing and how to fix it."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise RuntimeError(
+            f"lightning_memplan needs `{module}.{name}`, which this torch ({torch.__version__!r}) "
+            f"does not provide. Supported: torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; "
+            f"upgrade with `pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}'`."
+        ) from err
+
+
+def check_torch_version() -> None:
+    """Raise a RuntimeError when torch is older than :data:`MIN_TORCH`."""
+    if torch_version() < MIN_TORCH:
+        raise RuntimeError(
+            f"lightning_memplan needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} "
+            f"(for CustomKnapsackSolver); found torch {torch.__version__!r}. "
+            f"Upgrade with `pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}'`."
+        )
+
+
+# --------------------------------------------------------------------------- partitioner / solver
+def custom_knapsack_solver_base() -> type:
+    """``torch._inductor.custom_graph_pass.CustomKnapsackSolver`` (2.11: plain ABC; 2.13: CustomPassBase)."""
+    check_torch_version()
+    return require("torch._inductor.custom_graph_pass", "CustomKnapsackSolver")
+
+
+def functorch_config() -> Any:
+    """The ``torch._functorch.config`` module (``activation_memory_budget``, ``..._solver``, ``patch``)."""
+    return importlib.import_module("torch._functorch.config")
+
+
+def min_cut_rematerialization_partition() -> Callable[..., Any]:
+    return require("torch._functorch.partitioners", "min_cut_rematerialization_partition")
+
+
+def size_of_node(node: torch.fx.Node) -> int:
+    """Bytes the partitioner attributes to ``node`` (``torch._functorch.partitioners._size_of``)."""
+    return int(require("torch._functorch.partitioners", "_size_of")(node))
+
+
+def torch_dp_knapsack() -> Callable[..., Any]:
+    """torch's own DP knapsack (the reference solver signature)."""
+    return require("torch._functorch._activation_checkpointing.knapsack", "dp_knapsack")
+
+
+@contextlib.contextmanager
+def probe_partitioner(
+    on_min_cut: Callable[[Any, tuple[list[torch.fx.Node], Any]], None],
+    on_choose: Callable[[float, list[torch.fx.Node]], None],
+) -> Iterator[None]:
+    """Observe the partitioner's decision without changing it.
+
+    Wraps ``partitioners.solve_min_cut`` (``on_min_cut(node_info, result)`` after each call) and
+    ``partitioners.choose_saved_values_set`` (``on_choose(memory_budget, saved_values)`` after it
+    returns). Both are looked up as module globals at call time, so replacing the module attributes
+    is enough; they are restored on exit, also on error.
+    """
+    mod = importlib.import_module("torch._functorch.partitioners")
+    orig_min_cut = require("torch._functorch.partitioners", "solve_min_cut")
+    orig_choose = require("torch._functorch.partitioners", "choose_saved_values_set")
+
+    def solve_min_cut(joint_graph: Any, node_info: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig_min_cut(joint_graph, node_info, *args, **kwargs)
+        on_min_cut(node_info, result)
+        return result
+
+    def choose_saved_values_set(joint_graph: Any, node_info: Any, memory_budget: float = 1, **kw: Any) -> Any:
+        saved = orig_choose(joint_graph, node_info, memory_budget, **kw)
+        on_choose(float(memory_budget), list(saved))
+        return saved
+
+    mod.solve_min_cut = solve_min_cut
+    mod.choose_saved_values_set = choose_saved_values_set
+    try:
+        yield
+    finally:
+        mod.solve_min_cut = orig_min_cut
+        mod.choose_saved_values_set = orig_choose
+
+
+def node_inputs_of(node_info: Any) -> list[torch.fx.Node]:
+    """``NodeInfo.inputs``: the joint graph's forward inputs (what budget 0 saves)."""
+    return list(node_info.inputs)
+
+
+# --------------------------------------------------------------------------- compile backends
+def aot_autograd() -> Callable[..., Any]:
+    return require("torch._dynamo.backends.common", "aot_autograd")
+
+
+def boxed_nop() -> Callable[..., Any]:
+    """The no-op boxed compiler of ``aot_eager_decomp_partition`` (frees bw inputs at last use)."""
+    return require("torch._dynamo.backends.debugging", "boxed_nop")
+
+
+def select_decomp_table() -> Any:
+    return require("torch._inductor.compile_fx", "select_decomp_table")()
+
+
+def compile_fx() -> Callable[..., Any]:
+    return require("torch._inductor.compile_fx", "compile_fx")
+
+
+def compile_fx_inner() -> Callable[..., Any]:
+    return require("torch._inductor.compile_fx", "compile_fx_inner")
+
+
+def force_disable_caches_patch() -> contextlib.AbstractContextManager[Any]:
+    """``torch.compiler.config.patch(force_disable_caches=True)`` (scoped; restored on exit)."""
+    cfg = require("torch.compiler", "config")
+    return cfg.patch(force_disable_caches=True)
+
+
+def force_disable_caches_value() -> bool:
+    return bool(require("torch.compiler", "config").force_disable_caches)
+
+
+def flop_registry() -> dict[Any, Callable[..., int]]:
+    """``torch.utils.flop_counter.flop_registry``: overload packet -> FLOP formula on shapes."""
+    return require("torch.utils.flop_counter", "flop_registry")
+
+
+# --------------------------------------------------------------------------- inductor scheduler
+def inductor_reorder_enabled() -> bool:
+    """Whether inductor runs ``reorder_for_peak_memory`` (where we read the final node order)."""
+    return bool(require("torch._inductor.config", "reorder_for_peak_memory"))
+
+
+@contextlib.contextmanager
+def probe_inductor_schedule(on_schedule: Callable[[int, list[int], int, bool], None]) -> Iterator[None]:
+    """Observe inductor's scheduler-level memory estimate on the final node order.
+
+    Wraps ``torch._inductor.memory.reorder_for_peak_memory`` (the scheduler imports it from the
+    module at call time). After torch reorders, the wrapper runs ``prepare_planning_info`` and
+    ``estimate_peak_memory`` on the chosen order and calls
+    ``on_schedule(peak_bytes, timeline_bytes, freeable_input_bytes, is_backward)``; freeable
+    inputs are the graph inputs inductor may free (in backward: the saved activations), primals and
+    tangents are not counted. The attribute is restored on exit.
+    """
+    mod = importlib.import_module("torch._inductor.memory")
+    orig = require("torch._inductor.memory", "reorder_for_peak_memory")
+    prepare = require("torch._inductor.memory", "prepare_planning_info")
+    estimate = require("torch._inductor.memory", "estimate_peak_memory")
+    virtualized = require("torch._inductor.virtualized", "V")
+
+    def reorder_for_peak_memory(nodes: Any, name_to_buf: Any, name_to_fused_node: Any,
+                                graph_inputs: Any, graph_outputs: Any, **kw: Any) -> Any:
+        order = orig(nodes, name_to_buf, name_to_fused_node, graph_inputs, graph_outputs, **kw)
+        try:
+            _, freeable = prepare(order, name_to_buf, name_to_fused_node, graph_inputs, graph_outputs)
+            peak, timeline = estimate(order, freeable, graph_outputs)
+            freeable_bytes = sum(int(b.mpi_buffer.size_free) for b in freeable.values())
+            on_schedule(int(peak), [int(v) for v in timeline], freeable_bytes,
+                        bool(getattr(virtualized.graph, "is_backward", False)))
+        except Exception:  # noqa: BLE001 - an estimate failure must never break the compile
+            on_schedule(-1, [], 0, bool(getattr(virtualized.graph, "is_backward", False)))
+        return order
+
+    mod.reorder_for_peak_memory = reorder_for_peak_memory
+    try:
+        yield
+    finally:
+        mod.reorder_for_peak_memory = orig
+
+
+# --------------------------------------------------------------------------- FX estimate (peer)
+def memory_estimator_module() -> Any:
+    """``torch._inductor.fx_passes.memory_estimator`` (torch's FX-level estimate; a benchmark peer)."""
+    require("torch._inductor.fx_passes.memory_estimator", "build_memory_profile")
+    return importlib.import_module("torch._inductor.fx_passes.memory_estimator")
+
+
+# --------------------------------------------------------------------------- profiler
+def kineto_memory_events(prof: Any) -> list[tuple[int, int]]:
+    """``(start_ns, signed bytes)`` of every CPU ``[memory]`` event of a finished profiler run."""
+    device_type = require("torch.autograd", "DeviceType")
+    try:
+        events = prof.profiler.kineto_results.events()
+    except AttributeError as err:
+        raise RuntimeError(
+            f"lightning_memplan reads `profiler.kineto_results.events()`, missing in torch "
+            f"{torch.__version__!r}; supported: torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}."
+        ) from err
+    out = [(int(e.start_ns()), int(e.nbytes())) for e in events
+           if e.name() == "[memory]" and e.device_type() == device_type.CPU]
+    out.sort(key=lambda item: item[0])
+    return out
+
+
+def concrete_int(value: Any) -> int:
+    """An int from an int or a (hinted) SymInt, without adding guards."""
+    if isinstance(value, int):
+        return value
+    try:
+        hint = importlib.import_module("torch.fx.experimental.symbolic_shapes").optimization_hint
+        return int(hint(value, fallback=4096))
+    except AttributeError:  # older torch: the SymNode carries the hint
+        node_hint = getattr(getattr(value, "node", None), "hint", None)
+        return int(node_hint) if node_hint is not None else 4096
+
+
+# --------------------------------------------------------------------------- optimizers
+def default_fused_or_foreach(params: list[torch.Tensor]) -> tuple[bool, bool]:
+    """``(fused, foreach)`` that torch's optimizers pick by default for these parameters."""
+    fn = require("torch.optim.optimizer", "_default_to_fused_or_foreach")
+    fused, foreach = fn(params, differentiable=False, use_fused=False)
+    return bool(fused), bool(foreach)
+
+
+def torch_fx_peak_estimate(fw_graph: torch.fx.Graph, bw_graph: torch.fx.Graph) -> int:
+    """torch's FX-level estimate of a forward+backward pair, CPU tensors counted (a peer, not ours).
+
+    ``memory_estimator.get_peak_memory`` is broken in torch 2.13 (``get_fwd_bwd_interactions``
+    indexes a Node) and ignores CPU; this re-assembles the same algorithm from its working parts.
+    Returns the peak minus the bytes live at the forward's start (the primals). The module-global
+    ``device_filter`` is replaced for the call and restored.
+    """
+    me = memory_estimator_module()
+    orig = me.device_filter
+    me.device_filter = lambda device: True
+    try:
+        fwd = me.build_memory_profile(fw_graph, me._is_releasable)
+        alias = me.GraphAliasTracker(list(fw_graph.nodes))
+        primal: set[Any] = set()
+        for ph in fw_graph.find_nodes(op="placeholder"):
+            if ph.name.startswith("primals"):
+                primal |= set(alias.get_fresh_allocations(ph))
+        fwd_out = set(alias.get_storage_uses(fw_graph.find_nodes(op="output")[0]))
+        bwd_in: set[Any] = set()
+        keep: set[str] = set()
+        for ph in bw_graph.find_nodes(op="placeholder"):
+            st = set(me.GraphAliasTracker._get_output_storages(ph))
+            bwd_in |= st
+            if st & primal or not (st & fwd_out):
+                keep.add(ph.name)
+        baseline = sum(int(s.storage.nbytes()) for s in fwd_out - bwd_in)
+        bwd = me.build_memory_profile(bw_graph, lambda n: me._is_releasable(n) and n.name not in keep)
+    finally:
+        me.device_filter = orig
+    return int(max(max(fwd), baseline + max(bwd)) - fwd[0])

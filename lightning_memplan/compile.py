@@ -1,0 +1,484 @@
+"""A ``torch.compile`` backend that installs an activation memory budget and a knapsack solver for
+one model only, and records what the partitioner decided and which graphs it produced.
+
+    backend = memplan_backend(budget=0.5, solver="dp", inner="aot_eager")
+    compiled = torch.compile(model, backend=backend)
+    compiled(x).sum().backward()
+    backend.regions[0].decision.reason      # "solved", "budget_1", "aggressive_fits", ...
+    backend.regions[0].fw_graph             # the partitioned forward graph (torch.fx.GraphModule)
+
+Scope: ``activation_memory_budget`` and ``activation_memory_budget_solver`` are patched with
+``torch._functorch.config.patch`` *inside* the backend call (compilation is lazy: it happens at the
+first forward), together with ``torch.compiler.config.force_disable_caches`` so that no AOTAutograd or
+FX-graph cache entry made under another budget is reused. Nothing stays changed afterwards.
+
+Regions: dynamo calls the backend once per compiled region (a graph break makes several); each call
+appends one :class:`RegionCapture` to ``backend.regions``, in call order.
+
+Faults: recording never breaks compilation. Anything that goes wrong while capturing lands in
+``RegionCapture.errors`` and ``MemplanBackend.errors``, and the compiled code is returned as usual.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from lightning_memplan import _compat
+
+__all__ = [
+    "INNER_BACKENDS",
+    "SOLVER_NAMES",
+    "KnapsackRecord",
+    "MemplanBackend",
+    "PartitionDecision",
+    "RegionCapture",
+    "ScheduleEstimate",
+    "SolverFn",
+    "memplan_backend",
+    "node_flops",
+    "resolve_solver",
+]
+
+#: torch's solver signature: ``(memory, runtimes, max_memory) -> (value, saved_idx, recomputed_idx)``.
+SolverFn = Callable[[list[float], list[float], float], tuple[float, list[int], list[int]]]
+
+#: Names accepted by ``solver=`` (see :func:`lightning_memplan.solvers.get_solver`).
+SOLVER_NAMES: tuple[str, ...] = ("greedy", "dp", "hirschberg", "ilp")
+
+#: Accepted ``inner=`` values; ``"aot_eager_decomp_partition"`` is an alias of ``"aot_eager"``.
+INNER_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "aot_eager_decomp_partition")
+
+#: Why the partitioner did or did not call the solver:
+#:  ``"budget_0"``: budget 0 saves only the forward inputs (no solve).
+#:  ``"budget_1"``: budget 1 keeps the runtime-optimal min-cut (no solve).
+#:  ``"min_cut_below_inputs"``: the runtime-optimal min-cut saves no more than the inputs (no solve).
+#:  ``"more_aggressive_fits"``: the min-cut with fewer bans already fits the budget (no solve).
+#:  ``"aggressive_fits"``: the aggressive min-cut already fits the budget (no solve).
+#:  ``"nothing_recomputable"``: no node left to recompute (no solve).
+#:  ``"solved"``: the solver chose what to save.
+#:  ``"unknown"``: the partitioner was not observed (e.g. an inference graph, or a probe failed).
+DecisionReason = Literal[
+    "budget_0", "budget_1", "min_cut_below_inputs", "more_aggressive_fits", "aggressive_fits",
+    "nothing_recomputable", "solved", "unknown",
+]
+
+
+# --------------------------------------------------------------------------- validation
+def _check_budget(budget: object, call: str) -> float:
+    ok = isinstance(budget, (int, float)) and not isinstance(budget, bool) and math.isfinite(budget)
+    if not ok or not 0.0 <= float(budget) <= 1.0:  # type: ignore[arg-type]
+        raise ValueError(
+            f"`{call}(budget={budget!r})` is not a valid activation memory budget. Expected a float "
+            "in [0.0, 1.0]: 1.0 keeps torch's runtime-optimal plan, 0.0 recomputes all it can."
+        )
+    return float(budget)  # type: ignore[arg-type]
+
+
+def _torch_solver(name: str) -> SolverFn:
+    mod = "torch._functorch._activation_checkpointing.knapsack"
+    attr = {"greedy": "greedy_knapsack", "dp": "dp_knapsack", "ilp": "ilp_knapsack",
+            "hirschberg": "dp_knapsack_sliding_hirschberg"}[name]
+    return _compat.require(mod, attr)
+
+
+def resolve_solver(solver: str | SolverFn, call: str = "memplan_backend") -> tuple[str, SolverFn]:
+    """``(name, function)`` for a solver name in :data:`SOLVER_NAMES` or a user callable.
+
+    Names resolve through :func:`lightning_memplan.solvers.get_solver`; while that package is not
+    importable, through torch's solvers of the same name. A callable must have torch's solver
+    signature (:data:`SolverFn`); its name is its qualified name.
+    """
+    if callable(solver) and not isinstance(solver, str):
+        name = f"{getattr(solver, '__module__', '')}.{getattr(solver, '__qualname__', type(solver).__name__)}"
+        return name, solver
+    if not isinstance(solver, str) or solver not in SOLVER_NAMES:
+        raise ValueError(
+            f"`{call}(solver={solver!r})` is not a known knapsack solver. Expected one of "
+            f"{', '.join(repr(s) for s in SOLVER_NAMES)}, or a callable "
+            "`(memory, runtimes, max_memory) -> (value, saved_idx, recomputed_idx)`."
+        )
+    try:
+        from lightning_memplan.solvers import get_solver  # type: ignore[attr-defined]
+    except ImportError:
+        return solver, _torch_solver(solver)
+    return solver, get_solver(solver)
+
+
+def _check_inner(inner: object, call: str, arg: str = "inner") -> Literal["inductor", "aot_eager"]:
+    if inner not in INNER_BACKENDS:
+        raise ValueError(
+            f"`{call}({arg}={inner!r})` is not a supported backend. Expected one of "
+            f"{', '.join(repr(s) for s in INNER_BACKENDS)}."
+        )
+    return "inductor" if inner == "inductor" else "aot_eager"
+
+
+# --------------------------------------------------------------------------- records
+@dataclass(frozen=True, kw_only=True)
+class KnapsackRecord:
+    """One knapsack problem the partitioner posed, and the solver's answer.
+
+    Item ``i`` is the recomputable node ``names[i]``. Invariant: ``saved_idx`` and
+    ``recomputed_idx`` partition ``range(len(names))``.
+    """
+
+    #: Solver name (or a callable's qualified name).
+    solver: str
+    #: Names of the candidate nodes in the joint graph (largest first, the partitioner's order).
+    names: tuple[str, ...]
+    #: Bytes of each candidate's output.
+    sizes_bytes: tuple[int, ...]
+    #: Normalized memory of each candidate (bytes / (max - min activation bytes)), as given to the solver.
+    memory: tuple[float, ...]
+    #: FLOPs of each candidate (``flop_registry`` on ``meta["val"]``; 1 for ops without a formula).
+    runtimes: tuple[float, ...]
+    #: The budget, in normalized memory (``max_memory`` given to the solver).
+    max_memory: float
+    #: Summed runtime (FLOPs) of the saved items, as the solver returned it.
+    value: float
+    saved_idx: tuple[int, ...]
+    recomputed_idx: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionDecision:
+    """What the min-cut partitioner did for one region under a budget."""
+
+    #: The activation memory budget in force (a ratio in [0, 1]).
+    budget: float
+    #: Which branch decided (see :data:`DecisionReason`).
+    reason: str
+    #: Whether the knapsack solver was called.
+    solver_called: bool
+    #: Names of the values the forward saves for the backward (the partitioner's choice).
+    saved_names: tuple[str, ...]
+    #: Bytes of those values according to the partitioner (``_size_of``): the solver's own estimate
+    #: of activation memory.
+    saved_bytes: int
+    #: Bytes of the forward inputs (what budget 0 saves); ``-1`` when not observed.
+    min_act_bytes: int
+    #: Bytes saved by the runtime-optimal min-cut (budget 1); ``-1`` when not observed.
+    max_act_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleEstimate:
+    """Inductor's scheduler-level memory estimate of one graph on its final node order.
+
+    Bytes above the graph's non-freeable inputs (primals, tangents); ``freeable_input_bytes`` are the
+    inputs inductor may free (in a backward graph: the saved activations), included in ``timeline``.
+    """
+
+    peak_bytes: int
+    timeline: tuple[int, ...]
+    freeable_input_bytes: int
+
+
+@dataclass(kw_only=True)
+class RegionCapture:
+    """Everything recorded for one compiled region. Filled while compiling (the backward graph
+    arrives at the first backward); read it after one training step."""
+
+    #: Position of this region in the order dynamo compiled them (0, 1, ...).
+    index: int
+    #: torch's graph id for the region's AOT graphs (inductor only; ``None`` otherwise).
+    graph_id: int | None = None
+    fw_graph: fx.GraphModule | None = None
+    bw_graph: fx.GraphModule | None = None
+    decision: PartitionDecision | None = None
+    knapsack: KnapsackRecord | None = None
+    fw_schedule: ScheduleEstimate | None = None
+    bw_schedule: ScheduleEstimate | None = None
+    #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
+    compile_seconds: float = 0.0
+    #: Seconds spent taking graph snapshots inside that time.
+    capture_seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    # partitioner observations, consumed when the decision is made
+    _min_cuts: list[tuple[list[fx.Node], list[fx.Node]]] = field(default_factory=list, repr=False)
+    _solver_called: bool = field(default=False, repr=False)
+
+
+# --------------------------------------------------------------------------- FLOPs
+def node_flops(node: fx.Node) -> int:
+    """FLOPs of ``node`` from ``torch.utils.flop_counter.flop_registry`` on its inputs' ``meta["val"]``.
+
+    Ops without a formula (pointwise, views) count 1, like torch's ``estimate_runtime`` in "flops"
+    mode. Needs no dispatch, so it works inside the partitioner's ``no_dispatch()``.
+    """
+    packet = getattr(node.target, "overloadpacket", None)
+    formula = _compat.flop_registry().get(packet) if packet is not None else None
+    if formula is None:
+        return 1
+
+    def unwrap(a: object) -> object:
+        return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+    try:
+        args, kwargs = pytree.tree_map(unwrap, (node.args, node.kwargs))
+        return max(int(formula(*args, **kwargs, out_val=node.meta.get("val"))), 1)
+    except Exception:  # noqa: BLE001 - an unusual signature must not break the partitioner
+        return 1
+
+
+# --------------------------------------------------------------------------- solver adapter
+@functools.lru_cache(maxsize=None)
+def _adapter_class() -> type:
+    base = _compat.custom_knapsack_solver_base()
+
+    class _MemplanKnapsackSolver(base):  # type: ignore[misc, valid-type]
+        """``CustomKnapsackSolver`` that computes runtimes (FLOPs) itself and calls our solver."""
+
+        def __init__(self, name: str, fn: SolverFn, budget: float) -> None:
+            self.name, self.fn, self.budget = name, fn, budget
+            self.region: RegionCapture | None = None
+
+        def __call__(self, memory: list[float], joint_graph: Any, max_memory: float,
+                     node_info: Any, all_recomputable_banned_nodes: list[fx.Node]) -> tuple[list[int], list[int]]:
+            nodes = list(all_recomputable_banned_nodes)
+            runtimes = [float(node_flops(n)) for n in nodes]
+            value, saved, recomputed = self.fn(list(memory), runtimes, float(max_memory))
+            saved, recomputed = [int(i) for i in saved], [int(i) for i in recomputed]
+            if self.region is not None:
+                self.region._solver_called = True
+                try:
+                    self.region.knapsack = KnapsackRecord(
+                        solver=self.name,
+                        names=tuple(n.name for n in nodes),
+                        sizes_bytes=tuple(_compat.size_of_node(n) for n in nodes),
+                        memory=tuple(float(m) for m in memory),
+                        runtimes=tuple(runtimes),
+                        max_memory=float(max_memory),
+                        value=float(value),
+                        saved_idx=tuple(saved),
+                        recomputed_idx=tuple(recomputed),
+                    )
+                except Exception as err:  # noqa: BLE001
+                    self.region.errors.append(f"knapsack record: {type(err).__name__}: {err}")
+            return saved, recomputed
+
+        def uuid(self) -> Any:
+            # part of the AOTAutograd cache key: a different solver or budget is a different plan
+            return ("lightning_memplan", self.name, repr(self.budget))
+
+    return _MemplanKnapsackSolver
+
+
+# --------------------------------------------------------------------------- graph snapshots
+def _snapshot(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm``'s graph whose nodes share ``meta`` values (FakeTensors, hence storages)
+    with the original; taken before inductor's passes rewrite the graph."""
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return fx.GraphModule(gm, graph)
+
+
+def _decide(region: RegionCapture, budget: float, saved: list[fx.Node]) -> PartitionDecision:
+    def nbytes(nodes: Sequence[fx.Node]) -> int:
+        return sum(_compat.size_of_node(n) for n in nodes)
+
+    cuts = region._min_cuts
+    min_b = nbytes(cuts[0][0]) if cuts else -1
+    max_b = nbytes(cuts[0][1]) if cuts else -1
+    if budget == 0:
+        reason = "budget_0"
+    elif region._solver_called:
+        reason = "solved"
+    elif budget == 1:
+        reason = "budget_1"
+    elif len(cuts) == 1:
+        reason = "min_cut_below_inputs"
+    elif len(cuts) == 2:
+        reason = "more_aggressive_fits"
+    elif len(cuts) >= 3:
+        ratio = (nbytes(cuts[2][1]) - min_b) / max(max_b - min_b, 1)
+        reason = "aggressive_fits" if ratio < budget else "nothing_recomputable"
+    else:
+        reason = "unknown"
+    return PartitionDecision(
+        budget=budget, reason=reason, solver_called=region._solver_called,
+        saved_names=tuple(n.name for n in saved), saved_bytes=nbytes(saved),
+        min_act_bytes=min_b, max_act_bytes=max_b,
+    )
+
+
+# --------------------------------------------------------------------------- the backend
+class MemplanBackend:
+    """A dynamo backend (``torch.compile(model, backend=...)``); build it with :func:`memplan_backend`.
+
+    Public results: ``regions`` (one :class:`RegionCapture` per compiled region, in order) and
+    ``errors`` (capture failures of all regions, as strings; compilation went on).
+    """
+
+    def __init__(self, *, budget: float, solver_name: str, solver_fn: SolverFn,
+                 inner: Literal["inductor", "aot_eager"], capture: bool) -> None:
+        self.budget = budget
+        self.solver_name = solver_name
+        self.inner = inner
+        self.capture = capture
+        self.regions: list[RegionCapture] = []
+        self._solver = _adapter_class()(solver_name, solver_fn, budget)
+
+    @property
+    def errors(self) -> list[str]:
+        return [f"region {r.index}: {e}" for r in self.regions for e in r.errors]
+
+    def __repr__(self) -> str:
+        return (f"MemplanBackend(budget={self.budget!r}, solver={self.solver_name!r}, "
+                f"inner={self.inner!r}, regions={len(self.regions)})")
+
+    # -- probes (each failure is recorded, never raised) --
+    def _probes(self, region: RegionCapture) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if not self.capture:
+            return stack
+
+        def on_min_cut(node_info: Any, result: Any) -> None:
+            try:
+                region._min_cuts.append((_compat.node_inputs_of(node_info), list(result[0])))
+            except Exception as err:  # noqa: BLE001
+                region.errors.append(f"min-cut probe: {type(err).__name__}: {err}")
+
+        def on_choose(budget: float, saved: list[fx.Node]) -> None:
+            try:
+                region.decision = _decide(region, budget, saved)
+            except Exception as err:  # noqa: BLE001
+                region.errors.append(f"decision: {type(err).__name__}: {err}")
+
+        try:
+            stack.enter_context(_compat.probe_partitioner(on_min_cut, on_choose))
+        except RuntimeError as err:
+            region.errors.append(f"partitioner probe unavailable: {err}")
+        return stack
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        import time
+
+        t0 = time.perf_counter()
+        region = RegionCapture(index=len(self.regions))
+        self.regions.append(region)
+        fconfig = _compat.functorch_config()
+        self._solver.region = region
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(fconfig.patch(activation_memory_budget=self.budget,
+                                              activation_memory_budget_solver=self._solver))
+            stack.enter_context(_compat.force_disable_caches_patch())
+            stack.enter_context(self._probes(region))
+            try:
+                if self.inner == "inductor":
+                    return self._inductor(gm, example_inputs, region)
+                return self._aot_eager(gm, example_inputs, region)
+            finally:
+                region.compile_seconds += time.perf_counter() - t0
+
+    def _record_graph(self, region: RegionCapture, gm: fx.GraphModule, is_backward: bool) -> None:
+        if not self.capture:
+            return
+        try:
+            snap = _snapshot(gm)
+            if is_backward:
+                region.bw_graph = snap
+            else:
+                region.fw_graph = snap
+        except Exception as err:  # noqa: BLE001
+            region.errors.append(f"{'backward' if is_backward else 'forward'} graph snapshot: "
+                                 f"{type(err).__name__}: {err}")
+
+    def _aot_eager(self, gm: fx.GraphModule, example_inputs: Sequence[Any], region: RegionCapture) -> Callable[..., Any]:
+        boxed_nop = _compat.boxed_nop()
+
+        def make(is_backward: bool) -> Callable[..., Any]:
+            def compiler(g: fx.GraphModule, ex: Sequence[Any]) -> Callable[..., Any]:
+                import time
+
+                t0 = time.perf_counter()
+                self._record_graph(region, g, is_backward)
+                region.capture_seconds += time.perf_counter() - t0
+                return boxed_nop(g, ex)
+            return compiler
+
+        fconfig = _compat.functorch_config()
+        with fconfig.patch(unlift_effect_tokens=True):
+            return _compat.aot_autograd()(
+                fw_compiler=make(False),
+                bw_compiler=make(True),
+                decompositions=_compat.select_decomp_table(),
+                partition_fn=functools.partial(_compat.min_cut_rematerialization_partition(),
+                                               compiler="inductor"),
+            )(gm, example_inputs)
+
+    def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any], region: RegionCapture) -> Callable[..., Any]:
+        compile_fx_inner = _compat.compile_fx_inner()
+        capture = self.capture
+
+        def on_schedule(peak: int, timeline: list[int], freeable: int, is_backward: bool) -> None:
+            if peak < 0:
+                region.errors.append("inductor schedule estimate failed")
+                return
+            est = ScheduleEstimate(peak_bytes=peak, timeline=tuple(timeline), freeable_input_bytes=freeable)
+            if is_backward:
+                region.bw_schedule = est
+            else:
+                region.fw_schedule = est
+
+        def inner(g: fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
+            import time
+
+            t0 = time.perf_counter()
+            is_backward = bool(kw.get("is_backward", False))
+            if kw.get("graph_id") is not None:
+                region.graph_id = int(kw["graph_id"])
+            self._record_graph(region, g, is_backward)
+            region.capture_seconds += time.perf_counter() - t0
+            with contextlib.ExitStack() as stack:
+                # the backward compiles lazily, outside the backend call: scope caches again
+                stack.enter_context(_compat.force_disable_caches_patch())
+                if capture:
+                    try:
+                        stack.enter_context(_compat.probe_inductor_schedule(on_schedule))
+                    except RuntimeError as err:
+                        region.errors.append(f"inductor schedule probe unavailable: {err}")
+                t1 = time.perf_counter()
+                try:
+                    return compile_fx_inner(g, ex, **kw)
+                finally:
+                    if is_backward:  # the forward is timed by the backend call around it
+                        region.compile_seconds += time.perf_counter() - t1
+
+        return _compat.compile_fx()(gm, example_inputs, inner_compile=inner)
+
+
+def memplan_backend(
+    *,
+    budget: float = 1.0,
+    solver: str | SolverFn = "dp",
+    inner: str = "inductor",
+    capture: bool = True,
+) -> MemplanBackend:
+    """A ``torch.compile`` backend with this activation memory budget and knapsack solver.
+
+    Args:
+        budget: activation memory budget, a ratio in [0, 1] (torch's ``activation_memory_budget``).
+        solver: a name in :data:`SOLVER_NAMES` or a callable with torch's solver signature.
+        inner: ``"inductor"`` (codegen) or ``"aot_eager"`` (alias ``"aot_eager_decomp_partition"``:
+            inductor's decompositions and min-cut partitioner, eager kernels).
+        capture: record graphs, decisions and estimates (``False``: only install budget and solver).
+
+    Raises:
+        ValueError: a budget outside [0, 1], an unknown solver name or backend.
+        RuntimeError: torch older than 2.11 (no ``CustomKnapsackSolver``).
+    """
+    b = _check_budget(budget, "memplan_backend")
+    name, fn = resolve_solver(solver, "memplan_backend")
+    kind = _check_inner(inner, "memplan_backend")
+    _compat.check_torch_version()
+    return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture)

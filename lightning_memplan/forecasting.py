@@ -1,0 +1,437 @@
+"""Forecast the peak memory of one training step compiled with a given budget and solver.
+
+    fc = forecast(model, (x,), budget=0.5, solver="dp", backend="aot_eager_decomp_partition")
+    fc.peak_bytes          # predicted peak of one steady-state step, above what was live before it
+    fc.step()              # one training step, compiled with exactly this plan (warm-up)
+    measure_peak(fc.step)  # the same quantity, measured
+
+One step is: forward, loss (``loss_fn(output)``; by default ``output.sum()``), backward, then
+``optimizer.step()`` and ``optimizer.zero_grad(set_to_none=True)`` when an optimizer is given (without
+one, the step sets the parameters' ``.grad`` back to ``None`` at its end, so each step starts alike).
+Forward and loss are compiled together (one ``torch.compile`` of ``loss_fn(model(*inputs))``).
+
+What is counted (bytes): before the step (``baseline_bytes``) the parameters, buffers, inputs and the
+steady-state optimizer state (unique storages); during the step the activations of every compiled
+region (from its captured forward and backward graphs: :mod:`lightning_memplan.estimator`, or
+inductor's scheduler estimate on its final node order), the gradients the backward creates, and the
+optimizer's step temporaries (:mod:`lightning_memplan.optim_memory`). Not visible: eager code between
+graph breaks, allocator fragmentation and rounding, kernels' internal workspaces.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from lightning_memplan import _compat
+from lightning_memplan.compile import (
+    KnapsackRecord,
+    MemplanBackend,
+    PartitionDecision,
+    RegionCapture,
+    _check_budget,
+    _check_inner,
+    memplan_backend,
+    resolve_solver,
+)
+from lightning_memplan.estimator import GRADIENTS, RegionMemory, profile_region
+from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
+
+__all__ = ["Forecast", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes by category. Invariants: ``parameters + buffers + inputs + optimizer_state`` is the
+    baseline; ``activations + gradients + optimizer_temporaries`` is the peak above it."""
+
+    parameters: int
+    buffers: int
+    inputs: int
+    optimizer_state: int
+    #: Saved activations and intermediates live at the peak.
+    activations: int
+    #: Gradients live at the peak.
+    gradients: int
+    #: Optimizer step temporaries live at the peak.
+    optimizer_temporaries: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineStep:
+    """One step of the predicted schedule: bytes live above the baseline right after ``node`` ran."""
+
+    #: ``"forward"``, ``"backward"`` or ``"optimizer"``.
+    phase: str
+    #: Region index (``-1`` for the optimizer).
+    region: int
+    #: Node (FX node name; ``"step"`` for the optimizer).
+    node: str
+    bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegionForecast:
+    """Per compiled region: the partitioner's decision and the predicted memory (bytes)."""
+
+    index: int
+    graph_id: int | None
+    decision: PartitionDecision | None
+    knapsack: KnapsackRecord | None
+    #: ``"fx"`` (our FX-graph profile) or ``"inductor_scheduler"`` (fusion-aware, final order).
+    method: str
+    #: Peak of the forward graph, above what was live when it started.
+    fw_peak_bytes: int
+    #: Peak of the backward graph, saved activations included.
+    bw_peak_bytes: int
+    #: Saved activations the forward keeps for the backward.
+    saved_bytes: int
+    #: Gradients the backward returns.
+    gradient_bytes: int
+    #: torch's FX-level estimate of this region (``torch._inductor.fx_passes.memory_estimator`` with
+    #: CPU counted), a peer; ``None`` when it could not run.
+    torch_fx_peak_bytes: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Forecast:
+    """Predicted memory of one steady-state training step, and the step itself.
+
+    ``peak_bytes`` is ``None`` when capturing or forecasting failed; ``status`` and ``problems`` say
+    why, and ``step()`` still trains with the compiled plan.
+    """
+
+    #: Predicted peak of one step above the bytes live before it; ``None`` on failure.
+    peak_bytes: int | None
+    #: Bytes live before the step: parameters, buffers, inputs, optimizer state (unique storages).
+    baseline_bytes: int
+    breakdown: MemoryBreakdown | None
+    regions: tuple[RegionForecast, ...]
+    #: Bytes above the baseline at every step of the predicted schedule, in execution order.
+    timeline: tuple[TimelineStep, ...]
+    budget: float
+    solver: str
+    backend: str
+    #: ``"ok"``, ``"partial"`` (some regions could not be forecast) or ``"failed"``.
+    status: str
+    problems: tuple[str, ...]
+    optimizer: OptimizerMemory | None
+    #: The partitioner's own estimate: saved activation bytes (its ``_size_of``), inputs excluded.
+    solver_estimate_bytes: int | None
+    #: torch's FX-level estimate (summed region peaks + gradients), a peer; ``None`` if unavailable.
+    torch_fx_estimate_bytes: int | None
+    #: Wall seconds of the first (compiling) forward+backward.
+    compile_seconds: float
+    #: Seconds spent snapshotting graphs during compilation, plus computing this forecast.
+    overhead_seconds: float
+    _step: Callable[[], torch.Tensor] = field(repr=False, compare=False)
+    _backend: MemplanBackend = field(repr=False, compare=False)
+
+    def step(self) -> torch.Tensor:
+        """Run one training step compiled with this plan; return the (detached) loss."""
+        return self._step()
+
+
+# --------------------------------------------------------------------------- helpers
+def _unique_bytes(tensors: Sequence[torch.Tensor], seen: set[int]) -> int:
+    total = 0
+    for t in tensors:
+        st = t.untyped_storage()
+        key = int(st._cdata)
+        if key not in seen:
+            seen.add(key)
+            total += int(st.nbytes())
+    return total
+
+
+def _fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with a new code object, so dynamo's per-code cache (and recompile limit) starts empty."""
+    code = fn.__code__.replace()
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _make_loss(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None) -> Callable[..., torch.Tensor]:
+    def memplan_loss(*inputs: Any) -> torch.Tensor:
+        out = model(*inputs)
+        return loss_fn(out) if loss_fn is not None else out.sum()
+
+    return _fresh_function(memplan_loss)
+
+
+@contextlib.contextmanager
+def _no_side_effects(model: nn.Module, devices: list[int]) -> Any:
+    """Restore grads, buffers and RNG after a compile run, so ``forecast`` leaves the model as it was."""
+    grads = {p: p.grad for p in model.parameters()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    for p in grads:
+        p.grad = None
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            for p, g in grads.items():
+                p.grad = g
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+
+
+def _region_memory(region: RegionCapture) -> RegionMemory:
+    if region.fw_graph is None:
+        raise RuntimeError(f"region {region.index}: no forward graph was captured")
+    return profile_region(region.fw_graph.graph, region.bw_graph.graph if region.bw_graph is not None else None)
+
+
+def _torch_fx_peak(region: RegionCapture) -> int | None:
+    try:
+        if region.fw_graph is None or region.bw_graph is None:
+            return None
+        return _compat.torch_fx_peak_estimate(region.fw_graph.graph, region.bw_graph.graph)
+    except Exception:  # noqa: BLE001 - a peer; absent when torch's estimator fails
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """Per-region numbers used to lay out the step: forward and backward timelines above their start."""
+
+    index: int
+    method: str
+    fw_nodes: tuple[str, ...]
+    fw_timeline: tuple[int, ...]
+    fw_retained: int
+    saved: int
+    bw_nodes: tuple[str, ...]
+    bw_timeline: tuple[int, ...]
+    bw_end: int
+    bw_peak: int
+    bw_grads_at_peak: int
+    gradients: int
+    #: Bytes of the backward's incoming gradients, and whether ``bw_timeline`` counts them.
+    tangents: int
+    tangents_in_timeline: bool
+    #: Transient copy of a non-contiguous gradient right after the backward (see RegionMemory).
+    grad_copy: int
+
+
+def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Plan:
+    bw = mem.bw
+    fx_plan = _Plan(
+        index=region.index, method="fx",
+        fw_nodes=mem.fw.order, fw_timeline=mem.fw.timeline or (0,), fw_retained=mem.fw_retained_bytes,
+        saved=mem.saved_bytes,
+        bw_nodes=bw.order if bw else (), bw_timeline=(bw.timeline or (bw.start_bytes,)) if bw else (),
+        bw_end=bw.end_bytes if bw else 0, bw_peak=bw.peak_bytes if bw else 0,
+        bw_grads_at_peak=bw.peak_by_tag.get(GRADIENTS, 0) if bw else 0,
+        gradients=mem.gradient_bytes, tangents=mem.tangent_bytes, tangents_in_timeline=True,
+        grad_copy=mem.grad_copy_bytes,
+    )
+    fs, bs = region.fw_schedule, region.bw_schedule
+    if not use_scheduler or fs is None or (bw is not None and bs is None):
+        return fx_plan
+    fw_tl = fs.timeline or (0,)
+    bw_tl = bs.timeline if bs is not None else ()
+    return _Plan(
+        index=region.index, method="inductor_scheduler",
+        fw_nodes=tuple(f"sched{i}" for i in range(len(fw_tl))), fw_timeline=tuple(fw_tl),
+        fw_retained=fw_tl[-1], saved=bs.freeable_input_bytes if bs is not None else 0,
+        bw_nodes=tuple(f"sched{i}" for i in range(len(bw_tl))), bw_timeline=tuple(bw_tl),
+        bw_end=bw_tl[-1] if bw_tl else 0, bw_peak=max(bw_tl) if bw_tl else 0,
+        # the scheduler does not tag buffers: take the gradients' share from the FX profile
+        bw_grads_at_peak=min(fx_plan.bw_grads_at_peak, max(bw_tl) if bw_tl else 0),
+        gradients=mem.gradient_bytes, tangents=mem.tangent_bytes,
+        tangents_in_timeline=False,  # inductor does not count tangents (non-freeable inputs)
+        grad_copy=mem.grad_copy_bytes,
+    )
+
+
+def _layout(plans: list[_Plan], opt: OptimizerMemory | None) -> tuple[list[TimelineStep], int, tuple[int, int, int]]:
+    """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
+
+    Regions form a chain: region ``r``'s user outputs feed region ``r + 1`` and live until region
+    ``r``'s backward starts; the gradients region ``r + 1``'s backward returned are region ``r``'s
+    tangents (handed over, up to what it returned; a non-contiguous one is copied by AOTAutograd, so
+    counted again). The last region's outputs (the loss) stay. After each backward, a non-contiguous
+    gradient is copied once (``grad_copy``, transient).
+    Returns the timeline, the peak, and (activations, gradients, optimizer temporaries) at the peak.
+    """
+    timeline: list[TimelineStep] = []
+    best = (0, (0, 0, 0))
+    offset = 0
+    grads = 0
+    for p in plans:
+        for node, b in zip(p.fw_nodes, p.fw_timeline):
+            timeline.append(TimelineStep(phase="forward", region=p.index, node=node, bytes=offset + b))
+        if offset + max(p.fw_timeline) > best[0]:
+            best = (offset + max(p.fw_timeline), (offset + max(p.fw_timeline) - grads, grads, 0))
+        offset += p.fw_retained
+    produced = 0  # gradients the previous backward returned
+    for i, p in enumerate(reversed(plans)):
+        if not p.bw_timeline:
+            continue
+        last = i == 0
+        handed = 0 if last else min(p.tangents, produced)  # gradients of this region's outputs, live
+        grads -= handed
+        start = offset - p.saved - (0 if last else p.fw_retained - p.saved)
+        if p.tangents_in_timeline:
+            start -= handed
+        for node, b in zip(p.bw_nodes, p.bw_timeline):
+            timeline.append(TimelineStep(phase="backward", region=p.index, node=node, bytes=start + b))
+        if start + p.bw_peak > best[0]:
+            g = grads + p.bw_grads_at_peak
+            best = (start + p.bw_peak, (start + p.bw_peak - g, g, 0))
+        offset = start + p.bw_end - (0 if p.tangents_in_timeline else handed)
+        grads += p.gradients
+        produced = p.gradients
+        if p.grad_copy:
+            timeline.append(TimelineStep(phase="backward", region=p.index, node="accumulate_grad",
+                                         bytes=offset + p.grad_copy))
+            if offset + p.grad_copy > best[0]:
+                best = (offset + p.grad_copy, (offset - grads, grads + p.grad_copy, 0))
+    if opt is not None:
+        top = offset + opt.step_peak_bytes
+        timeline.append(TimelineStep(phase="optimizer", region=-1, node="step", bytes=top))
+        if top > best[0]:
+            best = (top, (offset - grads, grads, opt.step_peak_bytes))
+        timeline.append(TimelineStep(phase="optimizer", region=-1, node="zero_grad", bytes=offset - grads))
+    return timeline, best[0], best[1]
+
+
+def _check_args(model: object, example_inputs: object, loss_fn: object, optimizer: object) -> tuple[Any, ...]:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"`forecast(model={model!r})` is not a torch.nn.Module. Pass the model to train.")
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
+    if not isinstance(inputs, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise ValueError(
+            f"`forecast(example_inputs={example_inputs!r})` is not a tensor or a tuple of tensors. "
+            "Pass the batch the model is called with: `model(*example_inputs)`."
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        raise ValueError(f"`forecast(loss_fn={loss_fn!r})` is not callable. Pass `output -> scalar loss`, or None.")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"`forecast(optimizer={optimizer!r})` is not a torch.optim.Optimizer, or None.")
+    return tuple(inputs)
+
+
+# --------------------------------------------------------------------------- forecast
+def forecast(
+    model: nn.Module,
+    example_inputs: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    budget: float = 1.0,
+    solver: str | Callable[..., Any] = "dp",
+    backend: str = "inductor",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Forecast:
+    """Compile one training step of ``model`` with this budget and solver, and forecast its peak.
+
+    Compiles by running forward and backward once on ``example_inputs``; gradients, buffers (batch-norm
+    statistics) and the RNG are restored afterwards and the optimizer is not stepped, so the model is
+    left as it was.
+
+    Args:
+        model: the module to train (put it in train mode first if that matters).
+        example_inputs: the batch, a tensor or a tuple of tensors (``model(*example_inputs)``).
+        budget: activation memory budget in [0, 1].
+        solver: ``"greedy"``, ``"dp"``, ``"hirschberg"``, ``"ilp"`` or a callable with torch's solver
+            signature ``(memory, runtimes, max_memory) -> (value, saved_idx, recomputed_idx)``.
+        backend: ``"inductor"`` or ``"aot_eager_decomp_partition"`` (alias ``"aot_eager"``).
+        loss_fn: ``output -> scalar``; default ``output.sum()``.
+        optimizer: stepped (and ``zero_grad(set_to_none=True)``) at the end of each ``step()``.
+
+    Raises:
+        ValueError: bad arguments (each message names the argument and what is allowed).
+        RuntimeError: a torch without the features needed (torch < 2.11).
+    """
+    b = _check_budget(budget, "forecast")
+    solver_name, _ = resolve_solver(solver, "forecast")  # type: ignore[arg-type]
+    inner = _check_inner(backend, "forecast", "backend")
+    inputs = _check_args(model, example_inputs, loss_fn, optimizer)
+    be = memplan_backend(budget=b, solver=solver, inner=inner)  # type: ignore[arg-type]
+    compiled = torch.compile(_make_loss(model, loss_fn), backend=be)
+    params = [p for p in model.parameters()]
+
+    def step() -> torch.Tensor:
+        loss = compiled(*inputs)
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            for p in params:
+                p.grad = None
+        return loss.detach()
+
+    devices = sorted({t.device.index or 0 for t in [*params, *inputs] if t.device.type == "cuda"})
+    t0 = time.perf_counter()
+    with _no_side_effects(model, devices):
+        compiled(*inputs).backward()
+    compile_seconds = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    problems: list[str] = list(be.errors)
+    seen: set[int] = set()
+    baseline = {
+        "parameters": _unique_bytes(params, seen),
+        "buffers": _unique_bytes(list(model.buffers()), seen),
+        "inputs": _unique_bytes(list(inputs), seen),
+    }
+    opt_mem = optimizer_memory(optimizer) if optimizer is not None else None
+    if opt_mem is not None and opt_mem.problem:
+        problems.append(opt_mem.problem)
+    baseline["optimizer_state"] = opt_mem.state_bytes if opt_mem is not None else 0
+    baseline_bytes = sum(baseline.values())
+
+    plans: list[_Plan] = []
+    regions: list[RegionForecast] = []
+    for region in be.regions:
+        try:
+            mem = _region_memory(region)
+            plan = _plan(region, mem, use_scheduler=inner == "inductor")
+            if inner == "inductor" and plan.method != "inductor_scheduler":
+                problems.append(f"region {region.index}: no inductor schedule estimate; used the FX profile")
+        except Exception as err:  # noqa: BLE001 - report, never lose the compiled run
+            problems.append(f"region {region.index}: forecast failed: {type(err).__name__}: {err}")
+            continue
+        plans.append(plan)
+        regions.append(RegionForecast(
+            index=region.index, graph_id=region.graph_id, decision=region.decision, knapsack=region.knapsack,
+            method=plan.method, fw_peak_bytes=max(plan.fw_timeline), bw_peak_bytes=plan.bw_peak,
+            saved_bytes=plan.saved, gradient_bytes=plan.gradients, torch_fx_peak_bytes=_torch_fx_peak(region),
+        ))
+    if not be.regions:
+        problems.append("nothing was compiled: dynamo captured no region (the model is not traceable, or "
+                        "torch._dynamo.config.recompile_limit was hit and dynamo fell back to eager)")
+
+    peak: int | None = None
+    breakdown: MemoryBreakdown | None = None
+    timeline: list[TimelineStep] = []
+    if plans:
+        timeline, peak, (acts, grads, temps) = _layout(plans, opt_mem)
+        breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps)
+    status = "failed" if peak is None else ("partial" if len(plans) < len(be.regions) else "ok")
+    if status != "ok":
+        warnings.warn(f"lightning_memplan.forecast: {status}: " + "; ".join(problems), RuntimeWarning, stacklevel=2)
+
+    decisions = [r.decision for r in regions]
+    solver_est = (sum(d.saved_bytes - max(d.min_act_bytes, 0) for d in decisions if d is not None)
+                  if decisions and all(d is not None for d in decisions) else None)
+    fx_peers = [r.torch_fx_peak_bytes for r in regions]
+    torch_fx = (sum(p for p in fx_peers if p is not None) if fx_peers and all(p is not None for p in fx_peers)
+                else None)
+    overhead = sum(r.capture_seconds for r in be.regions) + (time.perf_counter() - t1)
+    return Forecast(
+        peak_bytes=peak, baseline_bytes=baseline_bytes, breakdown=breakdown, regions=tuple(regions),
+        timeline=tuple(timeline), budget=b, solver=solver_name, backend=inner, status=status,
+        problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
+        torch_fx_estimate_bytes=torch_fx, compile_seconds=compile_seconds, overhead_seconds=overhead,
+        _step=step, _backend=be,
+    )

@@ -1,0 +1,96 @@
+"""Measured peak memory of a piece of work, on CUDA or CPU, behind one small interface.
+
+* CUDA: ``torch.cuda.reset_peak_memory_stats`` at the start of the window, then
+  ``max_memory_allocated() - memory_allocated()`` at its start (allocator statistics; the caching
+  allocator rounds blocks up to 512 bytes, and that is what it reports).
+* CPU: ``torch.profiler.profile(activities=[CPU], profile_memory=True)``; the peak of the running sum
+  of the profiler's ``[memory]`` events (allocations positive, frees negative) ordered by time.
+
+Both report bytes *above what was in use when the window opened* (an int >= 0).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from lightning_memplan import _compat
+
+__all__ = ["PeakWindow", "measure_peak", "running_peak"]
+
+
+def running_peak(deltas: list[int]) -> int:
+    """Peak of the running sum of signed byte deltas, starting at 0 (never below 0)."""
+    cur = peak = 0
+    for d in deltas:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"`measure_peak(device={device!r})` is not a device. Expected 'cpu' or 'cuda'.") from err
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"`measure_peak(device={device!r})` is not supported. Expected 'cpu' or 'cuda'.")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`measure_peak(device={device!r})`: CUDA is not available on this machine; use 'cpu'.")
+    return dev
+
+
+class PeakWindow:
+    """Context manager measuring the peak bytes allocated inside it, above those in use at entry.
+
+    ``with PeakWindow("cpu") as w: work()`` then ``w.peak_bytes``. One window at a time per device
+    (the CUDA peak statistic is global and is reset at entry).
+    """
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = _resolve_device(device)
+        #: Peak bytes above the bytes in use at entry; set on exit.
+        self.peak_bytes: int = 0
+        self._prof: Any = None
+        self._start = 0
+
+    def __enter__(self) -> PeakWindow:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._prof.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = max(torch.cuda.max_memory_allocated(self.device) - self._start, 0)
+            return
+        self._prof.__exit__(exc_type, exc, tb)
+        if exc_type is None:
+            self.peak_bytes = running_peak([d for _, d in _compat.kineto_memory_events(self._prof)])
+
+
+def measure_peak(step_fn: Callable[[], Any], *, device: str | torch.device | None = None) -> int:
+    """Run ``step_fn()`` once; return its peak bytes above the bytes in use when it was called.
+
+    Args:
+        step_fn: the work to measure, e.g. ``forecast(...).step``.
+        device: where the work allocates: ``"cuda"`` (allocator statistics) or ``"cpu"`` (profiler
+            memory events). Default: ``"cuda"`` when available, else ``"cpu"``.
+    """
+    if not callable(step_fn):
+        raise ValueError(f"`measure_peak(step_fn={step_fn!r})` is not callable. Pass a function of no arguments.")
+    with PeakWindow(device) as window:
+        step_fn()
+    return window.peak_bytes

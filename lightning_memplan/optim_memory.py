@@ -1,0 +1,132 @@
+"""Memory of an optimizer: its state, and the temporaries of one ``step()``, predicted on meta tensors.
+
+The optimizer is never stepped. A clone of the same class and hyperparameters is built over ``meta``
+copies of its parameters (same shapes and dtypes, no data), its state is created by one warm-up step
+when the real optimizer has none yet, and the steady-state ``step()`` plus
+``zero_grad(set_to_none=True)`` is replayed under a dispatch mode that tracks every storage an op
+creates until it dies. Choices that depend on the device (the ``foreach`` implementation) are
+resolved from the real parameters first, so the clone takes the same code path.
+
+All sizes are bytes; CPU scalar tensors (Adam's ``step``) are counted like any other tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lightning_memplan import _compat
+
+__all__ = ["OptimizerMemory", "optimizer_memory"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerMemory:
+    """Predicted memory of one optimizer (bytes)."""
+
+    #: Bytes of the optimizer state in steady state (after its first step), unique storages.
+    state_bytes: int
+    #: Peak bytes of temporaries during one steady-state ``step()``, above params, grads and state.
+    step_peak_bytes: int
+    #: ``"existing"`` (the optimizer has state: read from it) or ``"simulated"`` (created on meta tensors).
+    state_source: str
+    #: Why the step could not be simulated (then ``step_peak_bytes`` is 0); ``""`` when it was.
+    problem: str = ""
+
+
+class _AllocTracker(TorchDispatchMode):
+    """Counts bytes of storages created by ops inside it, until each storage dies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = 0
+        self.peak = 0
+
+    def _sweep(self) -> None:
+        for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
+            self.current -= self._live.pop(key)[1]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self._sweep()
+        seen = {int(t.untyped_storage()._cdata) for t in pytree.tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key = int(st._cdata)
+            if key in seen or key in self._live:
+                continue
+            nbytes = int(st.nbytes())
+            self._live[key] = (StorageWeakRef(st), nbytes)
+            self.current += nbytes
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+def _unique_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[int(st._cdata)] = int(st.nbytes())
+    return sum(seen.values())
+
+
+def _state_tensors(state: Any) -> list[torch.Tensor]:
+    return [t for s in state.values() for t in pytree.tree_leaves(s) if isinstance(t, torch.Tensor)]
+
+
+def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    # CPU scalars (Adam's non-capturable `step`) stay real: the step reads them with .item()
+    if t.device.type == "cpu" and t.dim() == 0:
+        return t.detach().clone()
+    return torch.empty_like(t, device="meta")
+
+
+def optimizer_memory(optimizer: torch.optim.Optimizer) -> OptimizerMemory:
+    """Predict the optimizer's steady-state state bytes and the temporaries of one step.
+
+    Never raises for an optimizer it cannot simulate: ``problem`` says why, and the step peak is 0.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    existing = _state_tensors(optimizer.state)
+    has_state = len(optimizer.state) > 0
+    try:
+        fused, foreach = _compat.default_fused_or_foreach(params)
+        meta = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+                for p in params}
+        groups = []
+        for g in optimizer.param_groups:
+            opts = {k: v for k, v in g.items() if k != "params"}
+            if "foreach" in opts and opts["foreach"] is None and not opts.get("fused"):
+                opts["foreach"] = foreach and not fused
+            groups.append({**opts, "params": [meta[id(p)] for p in g["params"]]})
+        clone = type(optimizer)(groups)
+        for p in params:
+            if p.requires_grad:
+                meta[id(p)].grad = torch.empty_like(meta[id(p)])
+        if has_state:
+            for p, s in optimizer.state.items():
+                clone.state[meta[id(p)]] = {k: _to_meta(v) if isinstance(v, torch.Tensor) else v
+                                            for k, v in s.items()}
+        else:
+            clone.step()  # creates the state, as the first real step will
+        state_bytes = _unique_bytes(existing) if has_state else _unique_bytes(_state_tensors(clone.state))
+        with _AllocTracker() as tracker:
+            clone.step()
+            clone.zero_grad(set_to_none=True)
+        return OptimizerMemory(state_bytes=state_bytes, step_peak_bytes=tracker.peak,
+                               state_source="existing" if has_state else "simulated")
+    except Exception as err:  # noqa: BLE001 - any optimizer: report, never fail the forecast
+        return OptimizerMemory(
+            state_bytes=_unique_bytes(existing), step_peak_bytes=0,
+            state_source="existing",
+            problem=f"could not simulate {type(optimizer).__name__}.step() on meta tensors: "
+                    f"{type(err).__name__}: {err}",
+        )

@@ -1,0 +1,61 @@
+"""Measured peaks: profiler memory events on CPU; a running peak over signed deltas."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_memplan import measure_peak
+from lightning_memplan.measure import PeakWindow, running_peak
+
+
+def test_running_peak() -> None:
+    assert running_peak([]) == 0
+    assert running_peak([100, 50, -120, 200, -230]) == 230
+    assert running_peak([-10, 5]) == 0  # a free of older memory never lowers the start below 0
+
+
+def test_cpu_peak_counts_live_tensors_above_what_was_in_use() -> None:
+    held = torch.ones(10_000)  # in use before: not counted
+
+    def work() -> None:
+        a = torch.empty(1000, dtype=torch.float32)   # 4000 B
+        b = torch.empty(500, dtype=torch.float64)    # 4000 B, both live: 8000
+        del a, b
+        c = torch.empty(1500, dtype=torch.float32)   # 6000 B alone
+        del c
+
+    assert measure_peak(work, device="cpu") == 8000
+    assert held.numel() == 10_000
+
+
+def test_window_context_manager() -> None:
+    with PeakWindow("cpu") as w:
+        x = torch.empty(256, dtype=torch.uint8)
+        del x
+    assert w.peak_bytes == 256
+
+
+@pytest.mark.parametrize("device", ["tpu", 3.5])
+def test_bad_device(device: object) -> None:
+    with pytest.raises(ValueError, match=r"measure_peak\(device=.*\)` is not (a device|supported)\. Expected 'cpu' or 'cuda'"):
+        measure_peak(lambda: None, device=device)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when CUDA is missing")
+def test_cuda_missing() -> None:
+    with pytest.raises(ValueError, match=r"measure_peak\(device='cuda'\)`: CUDA is not available on this machine; use 'cpu'"):
+        measure_peak(lambda: None, device="cuda")
+
+
+def test_not_callable() -> None:
+    with pytest.raises(ValueError, match=r"measure_peak\(step_fn=42\)` is not callable"):
+        measure_peak(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_peak() -> None:
+    def work() -> None:
+        a = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        del a
+
+    assert measure_peak(work, device="cuda") == 1 << 20
