@@ -23,7 +23,7 @@ forward graph with its backward graph.
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -153,6 +153,8 @@ class MemoryReplay:
             their last reader; all other inputs are baseline (not counted, never freed).
         devices: device types to count (``None``: all, CPU included).
         tags: storage key -> category tag for ``peak_by_tag``; untagged storages are activations.
+        workspace: node -> bytes its kernel allocates and frees while it runs (counted at its
+            step only, as activations); default none.
     """
 
     def __init__(
@@ -162,8 +164,10 @@ class MemoryReplay:
         live_inputs: Collection[str] = (),
         devices: Collection[str] | None = None,
         tags: Mapping[int, str] | None = None,
+        workspace: Callable[[fx.Node], int] | None = None,
     ) -> None:
         self._s = storages
+        self._workspace = workspace
         self._devices = None if devices is None else frozenset(devices)
         self._tags = dict(tags or {})
         live_keys = storages.keys_of(live_inputs) & storages.input_keys
@@ -231,9 +235,12 @@ class MemoryReplay:
         for k in fresh:
             if k not in self._s.input_keys:
                 self._alloc(k)
-        high = self.current_bytes
+        extra = self._workspace(node) if self._workspace is not None else 0
+        high = self.current_bytes + extra
         if high > self.peak_bytes:
             self.peak_bytes, self.peak_node, self.peak_by_tag = high, name, dict(self._by_tag)
+            if extra:
+                self.peak_by_tag[ACTIVATIONS] = self.peak_by_tag.get(ACTIVATIONS, 0) + extra
         self._done.add(name)
         for src in node.all_input_nodes:
             for k in self._s.produced[src.name]:
@@ -275,10 +282,11 @@ def profile_graph(
     devices: Collection[str] | None = None,
     tags: Mapping[int, str] | None = None,
     storages: GraphStorages | None = None,
+    workspace: Callable[[fx.Node], int] | None = None,
 ) -> MemoryProfile:
     """Memory profile of ``graph`` run in ``order`` (default: graph order). See :class:`MemoryReplay`."""
     storages = storages or GraphStorages(graph)
-    replay = MemoryReplay(storages, live_inputs=live_inputs, devices=devices, tags=tags)
+    replay = MemoryReplay(storages, live_inputs=live_inputs, devices=devices, tags=tags, workspace=workspace)
     for name in order if order is not None else _call_nodes(storages):
         replay.run(name)
     return replay.profile()
@@ -316,6 +324,7 @@ def profile_region(
     bw_graph: fx.Graph | None,
     *,
     devices: Collection[str] | None = None,
+    workspace: Callable[[fx.Node], int] | None = None,
 ) -> RegionMemory:
     """Profile a partitioned forward graph and its backward graph together.
 
@@ -324,9 +333,10 @@ def profile_region(
     a storage of a forward input is a baseline primal; anything else is a tangent (counted). When no
     backward placeholder shares a storage with the forward (graphs copied after fake propagation
     re-ran), names decide: ``primals_*`` baseline, ``tangents_*`` tangent, others saved.
+    ``workspace`` gives kernel scratch bytes per node (see :class:`MemoryReplay`).
     """
     fws = GraphStorages(fw_graph)
-    fw = profile_graph(fw_graph, devices=devices, storages=fws)
+    fw = profile_graph(fw_graph, devices=devices, storages=fws, workspace=workspace)
     if bw_graph is None:
         return RegionMemory(fw=fw, bw=None, fw_retained_bytes=fw.end_bytes, saved_bytes=0,
                             tangent_bytes=0, gradient_bytes=0, matched_by="storage")
@@ -349,7 +359,8 @@ def profile_region(
             saved.append(p.name)
     grad_keys = {k for k in bws.output_keys if k not in bws.input_keys}
     tags = {k: GRADIENTS for k in grad_keys}
-    bw = profile_graph(bw_graph, live_inputs=saved + tangents, devices=devices, tags=tags, storages=bws)
+    bw = profile_graph(bw_graph, live_inputs=saved + tangents, devices=devices, tags=tags, storages=bws,
+                       workspace=workspace)
 
     def _bytes(st: GraphStorages, names: Iterable[str]) -> int:
         keys = st.keys_of(names) & st.input_keys

@@ -43,6 +43,7 @@ from lightning_memplan.compile import (
 )
 from lightning_memplan.estimator import GRADIENTS, RegionMemory, profile_region
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
+from lightning_memplan.workspace import probe_workspace
 
 __all__ = ["Forecast", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast"]
 
@@ -186,7 +187,8 @@ def _no_side_effects(model: nn.Module, devices: list[int]) -> Any:
 def _region_memory(region: RegionCapture) -> RegionMemory:
     if region.fw_graph is None:
         raise RuntimeError(f"region {region.index}: no forward graph was captured")
-    return profile_region(region.fw_graph.graph, region.bw_graph.graph if region.bw_graph is not None else None)
+    return profile_region(region.fw_graph.graph, region.bw_graph.graph if region.bw_graph is not None else None,
+                          workspace=probe_workspace)
 
 
 def _torch_fx_peak(region: RegionCapture) -> int | None:
@@ -221,6 +223,15 @@ class _Plan:
     grad_copy: int
 
 
+def _with_workspace(timeline: Sequence[int], gm: torch.fx.GraphModule | None) -> tuple[int, ...]:
+    ws = max((probe_workspace(n) for n in gm.graph.nodes), default=0) if gm is not None else 0
+    out = list(timeline)
+    if ws and out:
+        top = max(range(len(out)), key=out.__getitem__)
+        out[top] += ws
+    return tuple(out)
+
+
 def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Plan:
     bw = mem.bw
     fx_plan = _Plan(
@@ -236,8 +247,9 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
     fs, bs = region.fw_schedule, region.bw_schedule
     if not use_scheduler or fs is None or (bw is not None and bs is None):
         return fx_plan
-    fw_tl = fs.timeline or (0,)
-    bw_tl = bs.timeline if bs is not None else ()
+    # the scheduler does not see kernel workspaces: add the largest one at the graph's peak step
+    fw_tl = _with_workspace(fs.timeline or (0,), region.fw_graph)
+    bw_tl = _with_workspace(bs.timeline, region.bw_graph) if bs is not None else ()
     return _Plan(
         index=region.index, method="inductor_scheduler",
         fw_nodes=tuple(f"sched{i}" for i in range(len(fw_tl))), fw_timeline=tuple(fw_tl),

@@ -1,0 +1,94 @@
+"""Kernel workspaces: bytes an op allocates inside its kernel and frees before it returns.
+
+FX graphs show each op's outputs, not the scratch memory its kernel uses (CPU convolution backward
+allocates im2col columns as large as an activation; attention kernels keep softmax statistics). For
+the few ops known to do this (:data:`PROBED_OPS`), :func:`probe_workspace` runs the op once on zero
+tensors with the node's shapes, strides, dtypes and device, and reports the measured peak minus the
+bytes of its outputs. Results are cached per signature. Every other op has no workspace (0).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from lightning_memplan.measure import PeakWindow
+
+__all__ = ["PROBED_OPS", "probe_workspace"]
+
+#: Names of the aten overload packets whose kernels are probed.
+PROBED_OPS: frozenset[str] = frozenset({
+    "convolution", "convolution_backward",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+})
+
+
+def _signature(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(int(s) for s in value.shape), tuple(int(s) for s in value.stride()),
+                value.dtype, value.device.type)
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(v) for v in value)
+    return repr(value)
+
+
+def _real(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        shape = [int(s) for s in value.shape]
+        stride = [int(s) for s in value.stride()]
+        return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device.type).zero_()
+    return value
+
+
+def _run_probe(target: Any, args: Any, kwargs: Any) -> int:
+    real_args, real_kwargs = pytree.tree_map(_real, (args, kwargs))
+    outs: list[Any] = []
+    device = next((t.device for t in pytree.tree_leaves((real_args, real_kwargs))
+                   if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    with torch.no_grad(), PeakWindow(device) as window:
+        outs.append(target(*real_args, **real_kwargs))
+    out_bytes = sum({int(t.untyped_storage()._cdata): int(t.untyped_storage().nbytes())
+                     for t in pytree.tree_leaves(outs) if isinstance(t, torch.Tensor)}.values())
+    return max(window.peak_bytes - out_bytes, 0)
+
+
+class _Frozen:
+    """Hashable wrapper so FakeTensor-bearing args can ride along lru_cache by signature."""
+
+    def __init__(self, value: object, key: object) -> None:
+        self.value, self.key = value, key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Frozen) and other.key == self.key
+
+
+def probe_workspace(node: fx.Node) -> int:
+    """Workspace bytes of ``node``'s kernel (0 for ops not in :data:`PROBED_OPS` or on failure)."""
+    packet = getattr(node.target, "overloadpacket", None)
+    if node.op != "call_function" or packet is None or packet.__name__ not in PROBED_OPS:
+        return 0
+
+    def unwrap(a: object) -> object:
+        return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+    try:
+        args, kwargs = pytree.tree_map(unwrap, (node.args, node.kwargs))
+        key = (node.target, _signature(args), _signature(kwargs))
+        return _probe_cached(node.target, _Frozen((args, kwargs), key))
+    except Exception:  # noqa: BLE001 - an unprobeable op counts no workspace
+        return 0
+
+
+@functools.lru_cache(maxsize=512)
+def _probe_cached(target: Any, frozen: _Frozen) -> int:
+    args, kwargs = frozen.value  # type: ignore[misc]
+    return _run_probe(target, args, kwargs)

@@ -1,0 +1,159 @@
+"""forecast(): predicted vs profiler-measured peak of a training step, invariants, faults, bad input."""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lightning_memplan
+from lightning_memplan import Forecast, forecast, measure_peak
+from lightning_memplan import compile as mp_compile
+
+X = torch.randn(1024, 256)
+
+
+def measured(fc: Forecast) -> int:
+    fc.step()  # warm-up: creates the optimizer state, as in steady-state training
+    return measure_peak(fc.step, device="cpu")
+
+
+def rel_error(fc: Forecast) -> float:
+    m = measured(fc)
+    assert fc.peak_bytes is not None
+    return (fc.peak_bytes - m) / m
+
+
+@pytest.fixture(scope="module")
+def mlp_forecasts(make_mlp: Callable[..., nn.Module]) -> dict[float, Forecast]:
+    out = {}
+    for b in (1.0, 0.5, 0.2):
+        model = make_mlp()
+        out[b] = forecast(model, (X,), budget=b, backend="aot_eager_decomp_partition",
+                          optimizer=torch.optim.Adam(model.parameters()),
+                          loss_fn=lambda y: y.pow(2).mean())
+    return out
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5, 0.2])
+def test_mlp_forecast_matches_measured_peak(mlp_forecasts: dict[float, Forecast], budget: float) -> None:
+    fc = mlp_forecasts[budget]
+    assert fc.status == "ok" and fc.problems == ()
+    assert abs(rel_error(fc)) <= 0.03
+
+
+def test_breakdown_and_timeline_invariants(mlp_forecasts: dict[float, Forecast]) -> None:
+    for fc in mlp_forecasts.values():
+        bd = fc.breakdown
+        assert bd.parameters + bd.buffers + bd.inputs + bd.optimizer_state == fc.baseline_bytes
+        assert bd.activations + bd.gradients + bd.optimizer_temporaries == fc.peak_bytes
+        assert max(s.bytes for s in fc.timeline) == fc.peak_bytes
+        assert [s.phase for s in fc.timeline][-2:] == ["optimizer", "optimizer"]
+        assert fc.timeline[-1].bytes == 4  # after zero_grad only the returned float32 loss is left
+        assert bd.parameters == 4 * (256 * 256 + 256) * 4  # four Linear(256, 256), float32
+        assert bd.inputs == X.numel() * 4
+        assert bd.optimizer_state == 2 * bd.parameters + 8 * 4  # Adam: two moments + a 4-byte step per param
+
+
+def test_lower_budget_forecasts_fewer_saved_bytes(mlp_forecasts: dict[float, Forecast]) -> None:
+    saved = [mlp_forecasts[b].regions[0].saved_bytes for b in (1.0, 0.5, 0.2)]
+    assert saved[0] > saved[1] > saved[2]
+    assert [mlp_forecasts[b].regions[0].decision.reason for b in (1.0, 0.5, 0.2)] == ["budget_1", "solved", "solved"]
+
+
+def test_peers_are_reported(mlp_forecasts: dict[float, Forecast]) -> None:
+    fc = mlp_forecasts[0.5]
+    assert fc.torch_fx_estimate_bytes is not None and fc.torch_fx_estimate_bytes > 0
+    assert fc.solver_estimate_bytes is not None and 0 < fc.solver_estimate_bytes < fc.peak_bytes
+
+
+def test_cnn_with_batch_norm_and_model_left_unchanged(make_cnn: Callable[..., nn.Module]) -> None:
+    model = make_cnn()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(32, 3, 32, 32)
+    fc = forecast(model, x, budget=0.5, backend="aot_eager")
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # BN stats restored
+    assert all(p.grad is None for p in model.parameters())
+    assert fc.breakdown.buffers == sum(b.numel() * b.element_size() for b in model.buffers())
+    assert abs(rel_error(fc)) <= 0.05
+
+
+def test_graph_breaks_are_forecast_per_region(make_mlp: Callable[..., nn.Module]) -> None:
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = make_mlp(depth=2), make_mlp(depth=2, seed=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x)
+            torch._dynamo.graph_break()
+            return self.b(y)
+
+    model = Broken()
+    fc = forecast(model, (X,), budget=0.5, backend="aot_eager", optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+    assert len(fc.regions) >= 2 and fc.status == "ok"
+    assert {s.region for s in fc.timeline if s.phase == "backward"} == {r.index for r in fc.regions}
+    assert abs(rel_error(fc)) <= 0.05
+
+
+def test_capture_failure_is_reported_and_step_still_trains(
+    monkeypatch: pytest.MonkeyPatch, make_mlp: Callable[..., nn.Module]
+) -> None:
+    def broken(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        raise RuntimeError("snapshot exploded")
+
+    monkeypatch.setattr(mp_compile, "_snapshot", broken)
+    model = make_mlp(depth=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(RuntimeWarning, match=r"forecast: failed: .*snapshot exploded"):
+        fc = forecast(model, (X[:8],), backend="aot_eager", optimizer=opt)
+    assert fc.status == "failed" and fc.peak_bytes is None and fc.breakdown is None
+    before = model[0].weight.detach().clone()
+    fc.step()
+    assert not torch.equal(before, model[0].weight)
+
+
+def test_global_config_unchanged_after_forecast(make_mlp: Callable[..., nn.Module]) -> None:
+    fconfig = importlib.import_module("torch._functorch.config")
+    before = (fconfig.activation_memory_budget, fconfig.activation_memory_budget_solver,
+              torch.compiler.config.force_disable_caches)
+    fc = forecast(make_mlp(depth=1), (X[:64],), budget=0.3, backend="aot_eager")
+    fc.step()
+    assert (fconfig.activation_memory_budget, fconfig.activation_memory_budget_solver,
+            torch.compiler.config.force_disable_caches) == before
+
+
+def test_exports() -> None:
+    assert {"forecast", "Forecast", "measure_peak", "__version__"} <= set(lightning_memplan.__all__)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"budget": 2.0}, r"`forecast\(budget=2\.0\)` is not a valid activation memory budget\. Expected a float in \[0\.0, 1\.0\]"),
+        ({"solver": "simplex"}, r"`forecast\(solver='simplex'\)` is not a known knapsack solver\. Expected one of 'greedy', 'dp'"),
+        ({"backend": "eager"}, r"`forecast\(backend='eager'\)` is not a supported backend\. Expected one of 'inductor'"),
+        ({"loss_fn": 3}, r"`forecast\(loss_fn=3\)` is not callable"),
+        ({"optimizer": "adam"}, r"`forecast\(optimizer='adam'\)` is not a torch\.optim\.Optimizer, or None"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        forecast(nn.Linear(2, 2), torch.randn(1, 2), **kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_model_and_inputs() -> None:
+    with pytest.raises(ValueError, match=r"`forecast\(model='net'\)` is not a torch\.nn\.Module"):
+        forecast("net", torch.randn(1, 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`forecast\(example_inputs=\[1, 2\]\)` is not a tensor or a tuple of tensors"):
+        forecast(nn.Linear(2, 2), [1, 2])  # type: ignore[arg-type]
+
+
+def test_inductor_scheduler_forecast(make_mlp: Callable[..., nn.Module]) -> None:
+    model = make_mlp()
+    fc = forecast(model, (X,), budget=0.5, backend="inductor", optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+    assert fc.status == "ok", fc.problems
+    assert [r.method for r in fc.regions] == ["inductor_scheduler"]
+    assert abs(rel_error(fc)) <= 0.05

@@ -1,0 +1,42 @@
+"""Kernel workspace probes: measured scratch bytes of ops whose kernels allocate internally."""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from lightning_memplan.estimator import profile_graph
+from lightning_memplan.workspace import probe_workspace
+
+
+def nodes(fn, *args):  # noqa: ANN001, ANN002, ANN201 - test helper
+    g = make_fx(fn, tracing_mode="fake")(*args).graph
+    return g, [n for n in g.nodes if n.op == "call_function"]
+
+
+def test_unprobed_ops_have_no_workspace() -> None:
+    _, (mul,) = nodes(lambda x: x * 2, torch.randn(64, 64))
+    assert probe_workspace(mul) == 0
+
+
+def test_cpu_convolution_backward_has_a_workspace() -> None:
+    x, w = torch.randn(8, 16, 32, 32), torch.randn(16, 16, 3, 3)
+    go = torch.randn(8, 16, 32, 32)
+
+    def bwd(go, x, w):  # noqa: ANN001, ANN202
+        return torch.ops.aten.convolution_backward(go, x, w, [16], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, True, True])
+
+    _, call_nodes = nodes(bwd, go, x, w)
+    conv = next(n for n in call_nodes if "convolution_backward" in str(n.target))
+    ws = probe_workspace(conv)
+    assert ws > 0
+    assert probe_workspace(conv) == ws  # cached and deterministic
+
+
+def test_workspace_is_counted_at_its_node_only() -> None:
+    graph, (mul, total) = nodes(lambda x: (x * 2).sum(), torch.randn(16, 16))
+    base = profile_graph(graph)
+    with_ws = profile_graph(graph, workspace=lambda n: 1000 if n is mul else 0)
+    assert with_ws.timeline[0] == base.timeline[0] + 1000
+    assert with_ws.timeline[1:] == base.timeline[1:]
+    assert with_ws.end_bytes == base.end_bytes
