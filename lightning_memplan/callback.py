@@ -1,0 +1,628 @@
+"""MemPlanCallback: ``Trainer(callbacks=[MemPlanCallback()])`` compiles the LightningModule with a
+chosen activation memory budget and knapsack solver, can choose the plan itself on the first batch,
+and reports predicted vs measured peak memory every epoch to the Trainer's loggers.
+
+The callback is a thin adapter; the work is in :mod:`.search` (choosing), :mod:`.forecasting`
+(predicting), :mod:`.compile` (the scoped backend), :mod:`.measure` (measuring),
+:mod:`.strategy` (ranks) and :mod:`.report` (pictures).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import math
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from tabulate import tabulate
+from torch import nn
+from typing_extensions import override
+
+from .checkpointing import CheckpointPolicy, checkpoint_candidates, checkpointed, resolve_blocks
+from .checkpointing import _policy_classes
+from .plan import Candidate, MemPlan
+from .search import DEFAULT_BUDGETS, PlanDoesNotFit, search
+from .strategy import decide_on_rank_zero, max_over_ranks
+from .units import format_bytes, parse_bytes
+
+__all__ = ["MemPlanCallback", "MemPlanWarning"]
+
+_MISSING = object()
+
+
+class MemPlanWarning(UserWarning):
+    """Planning fell back or changed course; training goes on."""
+
+
+def _sum_outputs(out: Any) -> torch.Tensor:
+    """Default loss for forecasting: the sum of every floating tensor in the output."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out)
+              if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the module's forward returned no floating-point tensor to differentiate")
+    total = leaves[0].float().sum()
+    for t in leaves[1:]:
+        total = total + t.float().sum()
+    return total
+
+
+def _grad_bytes(module: nn.Module) -> int:
+    """Bytes of the gradients of ``module``'s trainable parameters (unique storages)."""
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total
+
+
+def lightning_step_peak(fc: Any, grad_bytes: int) -> int:
+    """The forecast peak of a Lightning training step, above the bytes live when it starts.
+
+    ``forecast()`` models a step that starts without gradients. Lightning's automatic optimization
+    keeps the previous step's gradients until ``zero_grad`` (``set_to_none``), which it calls after
+    ``training_step`` and before ``backward``: during the forward they are still live (they belong
+    to the starting bytes), and from the backward on they are gone while the new ones are created.
+    So the forward part of the forecast timeline stands as it is, and the rest is ``grad_bytes``
+    lower.
+    """
+    fwd = [s.bytes for s in fc.timeline if s.phase == "forward"]
+    rest = [s.bytes - grad_bytes for s in fc.timeline if s.phase != "forward"]
+    return max([0, *fwd, *rest])
+
+
+class _BoundForward(nn.Module):
+    """``module``'s original forward as a module of its own, with fixed keyword arguments, so the
+    forecast can compile it without going through the callback's planned forward."""
+
+    def __init__(self, module: nn.Module, forward: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.module = module
+        self._forward = forward
+        self._kwargs = kwargs
+
+    def forward(self, *args: Any) -> Any:
+        return self._forward(*args, **self._kwargs)
+
+
+def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
+    """``type(module).forward`` with a new code object, bound to ``module``: dynamo's per-code cache
+    starts empty, so a new plan is never served an old compiled graph."""
+    fn = type(module).forward
+    code = fn.__code__.replace()
+    fresh = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    fresh.__kwdefaults__ = fn.__kwdefaults__
+    return types.MethodType(fresh, module)
+
+
+class MemPlanCallback(Callback):
+    r"""Compile the LightningModule with a memory plan and report predicted vs measured peak memory.
+
+    A plan is an activation memory budget (the ratio ``torch.compile``'s partitioner gives its
+    knapsack solver) plus the set of blocks wrapped in activation checkpointing. On the first
+    training batch the callback decides the plan (or takes the one given), compiles the module's
+    ``forward`` with it for this fit only, and from then on measures the peak memory of training
+    steps. Every torch setting it touches is scoped to the compile and restored; the module's
+    ``forward`` is restored at teardown, also after an exception. If planning or compiling fails,
+    training goes on with the module as the user wrote it, and a :class:`MemPlanWarning` says why.
+
+    Args:
+        budget: a float in [0, 1], or ``"auto"``: forecast candidate plans on the first batch and take
+            the knee of the forecast Pareto front (peak memory vs FLOPs), or, with ``max_memory``,
+            the cheapest plan that fits.
+        max_memory: a byte target (int, or a string such as ``"20GiB"`` or ``"512MB"``) for the
+            bytes live during a step: parameters, optimizer state and batch plus the step's peak.
+            With ``budget="auto"`` it selects the plan; with any budget, if the measured peak of the
+            first steps exceeds it, the callback re-plans once with a smaller forecast (recompiling)
+            when ``replan`` is on.
+        solver: ``"dp"`` (default), ``"hirschberg"``, ``"greedy"``, ``"ilp"``, or a callable with
+            torch's solver signature ``(memory, runtimes, max_memory) -> (value, saved, recomputed)``.
+        checkpoint: blocks the search may wrap in activation checkpointing: ``"auto"`` (the model's
+            repeated blocks), a set of module classes, or ``None``. Only used with ``budget="auto"``.
+        backend: ``"inductor"`` (default) or ``"aot_eager"`` (inductor's partitioner without code
+            generation).
+        candidate_budgets: budgets the search tries with each checkpoint set.
+        search_backend: backend the candidates are forecast with (``"aot_eager"``: no code
+            generation); the chosen plan is forecast again on ``backend``.
+        plan: a :class:`~lightning_memplan.plan.MemPlan` or the path of one saved as JSON (from the
+            tuner): use it without searching.
+        replan: allow the closed-loop correction described under ``max_memory``.
+        measure_batches: training batches measured per epoch (the first batch of the fit, which
+            compiles, is never measured). On CPU each measured batch runs under the profiler, and
+            so does one warm-up batch before them (see :meth:`on_train_batch_start`).
+        log_plots: write the Pareto-front and memory-timeline PNGs into the logger's directory (and
+            as TensorBoard figures when that logger is used).
+        compile_kwargs: extra keyword arguments for ``torch.compile`` (e.g. ``{"dynamic": False}``).
+        verbose: print the plan table at fit start and a line per epoch (rank zero).
+
+    Logged metrics, each training epoch, to every logger of the Trainer (``step`` = global step):
+
+    - ``memplan/predicted_peak_bytes``: forecast peak of one training step above the bytes live
+      when it starts (Lightning keeps the previous gradients until ``zero_grad`` inside the step,
+      so they count as live at the start and are freed before backward)
+    - ``memplan/measured_peak_bytes``: measured peak of the measured batches (max over them and
+      over ranks), above the bytes live when each batch started
+    - ``memplan/prediction_error``: (predicted - measured) / measured, signed
+    - ``memplan/budget``: the activation memory budget in force
+    - ``memplan/checkpointed_blocks``: number of blocks wrapped in activation checkpointing
+    - ``memplan/baseline_bytes``: bytes live before a step (parameters, buffers, batch, optimizer
+      state, the previous step's gradients)
+    - ``memplan/activations_bytes``, ``memplan/parameters_bytes``, ``memplan/gradients_bytes``,
+      ``memplan/optimizer_state_bytes``: the forecast breakdown
+
+    A metric that is unknown (e.g. no batch measured yet, or a failed forecast) is not logged.
+    """
+
+    def __init__(
+        self,
+        budget: float | Literal["auto"] = "auto",
+        *,
+        max_memory: int | str | None = None,
+        solver: str | Callable[..., Any] = "dp",
+        checkpoint: CheckpointPolicy = "auto",
+        backend: Literal["inductor", "aot_eager"] = "inductor",
+        candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
+        search_backend: Literal["inductor", "aot_eager"] = "aot_eager",
+        plan: MemPlan | str | Path | None = None,
+        replan: bool = True,
+        measure_batches: int = 2,
+        log_plots: bool = True,
+        compile_kwargs: dict[str, Any] | None = None,
+        verbose: bool = True,
+    ) -> None:
+        from .compile import _check_budget, _check_inner, resolve_solver
+
+        call = "MemPlanCallback"
+        if isinstance(budget, str):
+            if budget != "auto":
+                close = difflib.get_close_matches(budget.lower(), ["auto"], n=1, cutoff=0.5)
+                hint = " Did you mean 'auto'?" if close else ""
+                raise ValueError(
+                    f"`{call}(budget={budget!r})` is not valid. Expected a float in [0.0, 1.0] or "
+                    f"'auto'.{hint}"
+                )
+        else:
+            _check_budget(budget, call)
+        max_bytes = None if max_memory is None else parse_bytes(max_memory, argument="max_memory")
+        solver_name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
+        if checkpoint is not None and checkpoint != "auto":
+            checkpoint = frozenset(_policy_classes(checkpoint))
+        inner = _check_inner(backend, call, "backend")
+        search_inner = _check_inner(search_backend, call, "search_backend")
+        cands = tuple(candidate_budgets)
+        if not cands:
+            raise ValueError(f"`{call}(candidate_budgets={candidate_budgets!r})` is empty. Expected budgets in [0, 1].")
+        for b in cands:
+            _check_budget(b, call)
+        if isinstance(measure_batches, bool) or not isinstance(measure_batches, int) or measure_batches < 1:
+            raise ValueError(f"`{call}(measure_batches={measure_batches!r})` must be an int >= 1.")
+        if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
+            raise ValueError(f"`{call}(compile_kwargs={compile_kwargs!r})` must be a dict of torch.compile options.")
+        if compile_kwargs and "backend" in compile_kwargs:
+            raise ValueError(f"`{call}(compile_kwargs={compile_kwargs!r})`: set the backend with `backend=`.")
+        user_plan = None
+        if isinstance(plan, MemPlan):
+            user_plan = plan
+        elif plan is not None:
+            if not isinstance(plan, (str, Path)):
+                raise ValueError(f"`{call}(plan={plan!r})` must be a MemPlan or the path of a plan JSON file.")
+            if not Path(plan).is_file():
+                raise ValueError(f"`{call}(plan={str(plan)!r})`: no such file. Save one with `plan_memory(...).save(path)`.")
+            user_plan = MemPlan.load(plan)
+
+        self._budget = budget
+        self._max_memory = max_bytes
+        self._solver = solver
+        self._solver_name = solver_name if isinstance(solver, str) else f"custom:{solver_name}"
+        self._checkpoint = checkpoint
+        self._backend = inner
+        self._candidate_budgets = cands
+        self._search_backend = search_inner
+        self._user_plan = user_plan
+        self._replan = bool(replan)
+        self._measure_batches = measure_batches
+        self._log_plots = bool(log_plots)
+        self._compile_kwargs = dict(compile_kwargs or {})
+        self._verbose = bool(verbose)
+
+        #: The plan in force (None before the first training batch, or after a fallback).
+        self.plan: MemPlan | None = None
+        #: The forecast of the plan in force, on ``backend`` (None before the first batch or on failure).
+        self.forecast: Any = None
+        #: Why the callback fell back to the uncompiled module (None while it did not).
+        self.fallback_reason: str | None = None
+        #: Measured peak (bytes above the batch's starting bytes) of each measured batch, per epoch.
+        self.measured: list[list[int]] = []
+        #: Seconds the plan decision took (search included) and the final compile + forecast took.
+        self.timings: dict[str, float] = {}
+        self._restored_plan: MemPlan | None = None
+        self._reset_fit_state()
+
+    # ------------------------------------------------------------------ state
+    def _reset_fit_state(self) -> None:
+        self._module: LightningModule | None = None
+        self._trainer: Trainer | None = None
+        self._saved_forward: Any = _MISSING
+        self._orig_forward: Callable[..., Any] | None = None
+        self._active_forward: Callable[..., Any] | None = None
+        self._first_call = False
+        self._stack = contextlib.ExitStack()
+        self._example: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self._window: Any = None
+        self._window_streak = 0
+        self._warmup_window = False
+        self._epoch_peaks: list[int] = []
+        self._fit_batches = 0
+        self._replanned = False
+        self._timeline_plotted = False
+
+    @property
+    def state_key(self) -> str:
+        return self.__class__.__qualname__
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"format": 1, "plan": self.plan.to_dict() if self.plan is not None else None}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        data = state_dict.get("plan")
+        if not data:
+            return
+        plan = MemPlan.from_dict(data, source="the checkpoint's MemPlanCallback state")
+        if not isinstance(self._budget, str) and not math.isclose(plan.budget, float(self._budget)):
+            warnings.warn(
+                f"`MemPlanCallback(budget={self._budget!r})` differs from the plan in the checkpoint "
+                f"(budget {plan.budget!r}); resuming with the checkpoint's plan.",
+                MemPlanWarning, stacklevel=2,
+            )
+        self._restored_plan = plan
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        from ._compat import check_torch_version
+
+        check_torch_version()
+        self._reset_fit_state()
+        self.measured = []
+        self._trainer = trainer
+        self._module = pl_module
+        self._saved_forward = pl_module.__dict__.get("forward", _MISSING)
+        self._orig_forward = pl_module.forward
+        pl_module.forward = self._planned_forward  # type: ignore[method-assign]
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._restore()
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._close_window()
+        self._restore()
+
+    def _restore(self) -> None:
+        module = self._module
+        if module is not None:
+            if self._saved_forward is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = self._saved_forward  # type: ignore[method-assign]
+        self._stack.close()
+        self._active_forward = None
+        self._module = None
+
+    # ------------------------------------------------------------------ the planned forward
+    def _planned_forward(self, *args: Any, **kwargs: Any) -> Any:
+        module = self._module
+        assert module is not None and self._orig_forward is not None
+        if (self.plan is None and self.fallback_reason is None and module.training
+                and torch.is_grad_enabled()):
+            self._example = (args, kwargs)
+            self._activate()
+        fn = self._active_forward
+        if fn is None:
+            return self._orig_forward(*args, **kwargs)
+        if self._first_call:
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a failed compile must not lose the run
+                self._fall_back(f"compiling the planned forward failed: {exc!r}")
+                return self._orig_forward(*args, **kwargs)
+            self._first_call = False
+            return out
+        return fn(*args, **kwargs)
+
+    def _activate(self) -> None:
+        """Decide the plan (rank 0, broadcast), wrap blocks, forecast and compile. Never raises."""
+        trainer = self._trainer
+        t0 = time.perf_counter()
+        try:
+            plan = decide_on_rank_zero(trainer.strategy, self._decide) if trainer is not None else self._decide()
+        except Exception as exc:  # noqa: BLE001 - planning failure: train unplanned
+            self._fall_back(f"planning failed: {exc!r}")
+            return
+        self.timings["decide_seconds"] = time.perf_counter() - t0
+        self._install(plan)
+
+    def _decide(self) -> MemPlan:
+        if self._restored_plan is not None:
+            return self._restored_plan
+        if self._user_plan is not None:
+            return self._user_plan
+        if not isinstance(self._budget, str):
+            return MemPlan(budget=float(self._budget), solver=self._solver_name, backend=self._backend,
+                           reason="budget given")
+        module = self._module
+        assert module is not None and self._example is not None
+        blocks = resolve_blocks(module, self._checkpoint)
+        sets = checkpoint_candidates(blocks)
+        args, kwargs = self._example
+        target = _BoundForward(module, self._orig_forward, kwargs)  # type: ignore[arg-type]
+        opt = self._optimizer()
+        try:
+            res = search(target, args, budgets=self._candidate_budgets,
+                         checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
+                         solver=self._solver, backend=self._search_backend, optimizer=opt,
+                         loss_fn=_sum_outputs, max_memory=self._max_memory)
+            plan = res.plan
+        except PlanDoesNotFit as exc:
+            warnings.warn(f"MemPlanCallback: {exc} Training with the smallest plan.", MemPlanWarning, stacklevel=2)
+            plan = exc.plan
+        # names were searched relative to the wrapper: store them relative to the LightningModule
+        strip = lambda names: tuple(n.removeprefix("module.") for n in names)  # noqa: E731
+        cands = tuple(Candidate(budget=c.budget, checkpoint=strip(c.checkpoint), peak_bytes=c.peak_bytes,
+                                cost=c.cost, note=c.note) for c in plan.candidates)
+        return dataclasses.replace(plan, checkpoint=strip(plan.checkpoint), candidates=cands,
+                                   backend=self._backend)
+
+    def _optimizer(self) -> torch.optim.Optimizer | None:
+        trainer = self._trainer
+        opts = list(getattr(trainer, "optimizers", []) or []) if trainer is not None else []
+        return opts[0] if opts else None
+
+    def _install(self, plan: MemPlan) -> None:
+        """Wrap the plan's blocks, forecast it on ``backend`` and compile. Falls back on failure."""
+        from .compile import memplan_backend
+        from .forecasting import forecast
+
+        module = self._module
+        assert module is not None and self._example is not None
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        t0 = time.perf_counter()
+        try:
+            self._stack.enter_context(checkpointed(module, plan.checkpoint))
+            args, kwargs = self._example
+            fc = None
+            try:
+                fc = forecast(_BoundForward(module, self._orig_forward, kwargs), tuple(args),  # type: ignore[arg-type]
+                              budget=plan.budget, solver=self._solver, backend=self._backend,
+                              loss_fn=_sum_outputs, optimizer=self._optimizer())
+            except Exception as exc:  # noqa: BLE001 - no forecast: train with the plan anyway
+                warnings.warn(f"MemPlanCallback: the forecast of the chosen plan failed ({exc!r}); "
+                              "training with the plan, without predictions.", MemPlanWarning, stacklevel=2)
+            be = memplan_backend(budget=plan.budget, solver=self._solver, inner=self._backend, capture=False)
+            compiled = torch.compile(_fresh_forward(module), backend=be, **self._compile_kwargs)
+        except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
+            self._fall_back(f"installing the plan failed: {exc!r}")
+            return
+        if fc is not None and fc.peak_bytes is not None:
+            grads = _grad_bytes(module)
+            breakdown = {}
+            if fc.breakdown is not None:
+                b = fc.breakdown
+                breakdown = {"activations": b.activations, "parameters": b.parameters + b.buffers,
+                             "gradients": grads, "optimizer_state": b.optimizer_state,
+                             "inputs": b.inputs, "optimizer_temporaries": b.optimizer_temporaries}
+            notes = tuple(
+                f"region {r.index}: " + ("solver called" if r.decision and r.decision.solver_called
+                                         else f"solver not called ({r.decision.reason if r.decision else 'unknown'})")
+                for r in fc.regions)
+            plan = dataclasses.replace(plan, predicted_peak_bytes=lightning_step_peak(fc, grads),
+                                       baseline_bytes=fc.baseline_bytes + grads, breakdown=breakdown,
+                                       notes=notes)
+        self.forecast = fc
+        self.plan = plan
+        self._active_forward = compiled
+        self._first_call = True
+        self.timings["install_seconds"] = time.perf_counter() - t0
+        if self._verbose:
+            self._print_plan()
+        if self._log_plots:
+            self._plot_frontier()
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_reason = reason
+        self._active_forward = None
+        self._stack.close()
+        warnings.warn(f"MemPlanCallback: {reason}. Training goes on with the module uncompiled.",
+                      MemPlanWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ measuring
+    def _device(self) -> torch.device:
+        module = self._module
+        dev = module.device if module is not None else torch.device("cpu")
+        return dev if dev.type in ("cpu", "cuda") else torch.device("cpu")
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._fit_batches += 1
+        if self._fit_batches == 1 or len(self._epoch_peaks) >= self._measure_batches:
+            return
+        from .measure import PeakWindow
+
+        # On CPU the profiler only sees frees of blocks it saw allocated: the previous step's
+        # gradients (freed by zero_grad inside this step) are known only if that step was profiled
+        # too. So the first window of each run of consecutive windows is a warm-up, not a result.
+        self._warmup_window = self._window_streak == 0 and self._device().type == "cpu"
+        self._window = PeakWindow(self._device())
+        self._window.__enter__()
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        peak = self._close_window()
+        if peak is None:
+            self._window_streak = 0
+            return
+        self._window_streak += 1
+        if self._warmup_window:
+            return
+        self._epoch_peaks.append(peak)
+        self._maybe_replan(peak)
+
+    def _close_window(self) -> int | None:
+        w, self._window = self._window, None
+        if w is None:
+            return None
+        w.__exit__(None, None, None)
+        return int(w.peak_bytes)
+
+    def _maybe_replan(self, measured: int) -> None:
+        plan = self.plan
+        if (not self._replan or self._replanned or self._max_memory is None or plan is None
+                or plan.baseline_bytes is None or plan.baseline_bytes + measured <= self._max_memory):
+            return
+        self._replanned = True
+        predicted = plan.predicted_peak_bytes or measured
+        ratio = measured / max(predicted, 1)
+        fits = [c for c in plan.candidates if c.peak_bytes is not None and c.cost is not None
+                and plan.baseline_bytes + c.peak_bytes * ratio <= self._max_memory
+                and (c.budget, c.checkpoint) != (plan.budget, plan.checkpoint)]
+        if not fits:
+            fits = [Candidate(budget=max(0.0, round(plan.budget / 2, 3)), checkpoint=plan.checkpoint)]
+        new = min(fits, key=lambda c: (c.cost if c.cost is not None else math.inf, c.peak_bytes or 0))
+        warnings.warn(
+            f"MemPlanCallback: measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds "
+            f"max_memory {format_bytes(self._max_memory)}; re-planning once with {new.label} "
+            "(recompiling) and going on.", MemPlanWarning, stacklevel=2)
+        self._install(dataclasses.replace(
+            plan, budget=new.budget, checkpoint=new.checkpoint, predicted_peak_bytes=new.peak_bytes,
+            reason=f"re-planned: measured {format_bytes(measured)} over max_memory"))
+
+    # ------------------------------------------------------------------ reporting
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        peaks, self._epoch_peaks = self._epoch_peaks, []
+        self.measured.append(peaks)
+        if self._window_streak and len(peaks) >= self._measure_batches:
+            self._window_streak = 0  # the rest of the epoch ran unprofiled
+        measured = max_over_ranks(trainer.strategy, max(peaks) if peaks else None)
+        plan = self.plan
+        metrics: dict[str, float] = {}
+        if plan is not None:
+            metrics["memplan/budget"] = plan.budget
+            metrics["memplan/checkpointed_blocks"] = float(len(plan.checkpoint))
+            if plan.predicted_peak_bytes is not None:
+                metrics["memplan/predicted_peak_bytes"] = float(plan.predicted_peak_bytes)
+            if plan.baseline_bytes is not None:
+                metrics["memplan/baseline_bytes"] = float(plan.baseline_bytes)
+            for key in ("activations", "parameters", "gradients", "optimizer_state"):
+                if key in plan.breakdown:
+                    metrics[f"memplan/{key}_bytes"] = float(plan.breakdown[key])
+        if measured is not None:
+            metrics["memplan/measured_peak_bytes"] = float(measured)
+            if plan is not None and plan.predicted_peak_bytes is not None and measured > 0:
+                metrics["memplan/prediction_error"] = (plan.predicted_peak_bytes - measured) / measured
+        if metrics:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+        if self._verbose:
+            self._print_epoch(trainer.current_epoch, metrics)
+        if self._log_plots and not self._timeline_plotted and measured is not None:
+            self._timeline_plotted = True
+            self._plot_timeline(measured)
+
+    @rank_zero_only
+    def _print_plan(self) -> None:
+        plan = self.plan
+        assert plan is not None
+        rows = [
+            ["budget", f"{plan.budget:g}"], ["solver", plan.solver], ["backend", plan.backend],
+            ["checkpointed blocks", ", ".join(plan.checkpoint) or "none"],
+            ["forecast peak (above baseline)", format_bytes(plan.predicted_peak_bytes)],
+            ["baseline (params, optimizer, batch)", format_bytes(plan.baseline_bytes)],
+            ["chosen by", plan.reason],
+        ]
+        if plan.knee is not None:
+            rows.append(["knee", plan.candidates[plan.knee].label])
+        for note in plan.notes:
+            rows.append(["partitioner", note])
+        if plan.candidates:
+            rows.append(["candidates forecast", str(len(plan.candidates))])
+        d, i = self.timings.get("decide_seconds"), self.timings.get("install_seconds")
+        if d is not None and i is not None:
+            rows.append(["decision / final forecast+compile", f"{d:.1f} s / {i:.1f} s (ratio {d / max(i, 1e-9):.2f})"])
+        rank_zero_info("MemPlan\n" + tabulate(rows, tablefmt="simple"))
+
+    @rank_zero_only
+    def _print_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        pred = metrics.get("memplan/predicted_peak_bytes")
+        meas = metrics.get("memplan/measured_peak_bytes")
+        err = metrics.get("memplan/prediction_error")
+        rank_zero_info(
+            f"MemPlan epoch {epoch}: predicted {format_bytes(pred)}, measured {format_bytes(meas)}, "
+            f"error {'-' if err is None else f'{100 * err:+.1f}%'}"
+        )
+
+    def _plot_dir(self) -> Path:
+        trainer = self._trainer
+        root = getattr(trainer, "log_dir", None) if trainer is not None else None
+        if root is None and trainer is not None:
+            root = trainer.default_root_dir
+        return Path(root or ".") / "memplan"
+
+    @rank_zero_only
+    def _plot_frontier(self) -> None:
+        from .report import PlanPoint, plot_frontier, save_figure
+
+        plan = self.plan
+        if plan is None or not plan.candidates:
+            return
+        ok = [i for i, c in enumerate(plan.candidates) if c.peak_bytes is not None and c.cost is not None]
+        points = [PlanPoint(label=plan.candidates[i].label, peak_bytes=int(plan.candidates[i].peak_bytes or 0),
+                            cost=float(plan.candidates[i].cost or 0.0)) for i in ok]
+        index = {i: k for k, i in enumerate(ok)}
+        fig = plot_frontier(points, knee=index.get(plan.knee) if plan.knee is not None else None,
+                            chosen=index.get(plan.chosen) if plan.chosen is not None else None,
+                            limit_bytes=None if self._max_memory is None or plan.baseline_bytes is None
+                            else self._max_memory - plan.baseline_bytes,
+                            cost_label="FLOPs of the compiled forward + backward")
+        self._emit_figure(fig, "frontier")
+
+    @rank_zero_only
+    def _plot_timeline(self, measured: int) -> None:
+        from .report import plot_timeline
+
+        fc = self.forecast
+        if fc is None or not fc.timeline:
+            return
+        fig = plot_timeline([(s.phase, s.bytes) for s in fc.timeline],
+                            predicted_peak=fc.peak_bytes, measured_peak=measured)
+        self._emit_figure(fig, "timeline")
+
+    def _emit_figure(self, fig: Any, name: str) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        from .report import save_figure
+
+        trainer = self._trainer
+        for logger in (trainer.loggers if trainer is not None else []):
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_figure(f"memplan/{name}", fig, global_step=trainer.global_step, close=False)
+        path = save_figure(fig, self._plot_dir() / f"{name}.png")
+        rank_zero_info(f"MemPlan: wrote {path}")

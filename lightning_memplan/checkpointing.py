@@ -1,0 +1,125 @@
+"""Activation checkpointing of chosen submodules, for the duration of a fit or a forecast.
+
+A plan is (budget, checkpointed blocks). Wrapping a block makes its forward run under
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: inside ``torch.compile`` the
+partitioner then recomputes everything inside it in backward. The wrapping is an instance-level
+``forward`` attribute on each chosen submodule, removed on exit; the user's classes are never
+changed.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["CheckpointPolicy", "checkpoint_candidates", "checkpointed", "resolve_blocks"]
+
+CheckpointPolicy = Literal["auto"] | Iterable[type[nn.Module]] | None
+"""``None`` (never checkpoint), ``"auto"`` (the model's repeated blocks) or a set of module classes
+(as Lightning's FSDP ``activation_checkpointing_policy`` takes)."""
+
+
+def repeated_blocks(model: nn.Module) -> list[str]:
+    """Qualified names of the model's repeated blocks: the largest group of sibling submodules
+    (children of one parent) that share a class, with at least two members. ``[]`` if none.
+
+    Ties go to the group found first in ``named_modules`` order (outermost first).
+    """
+    best: list[str] = []
+    for parent_name, parent in model.named_modules():
+        children = list(parent.named_children())
+        for cls, count in Counter(type(c) for _, c in children).items():
+            group = [(n, c) for n, c in children if type(c) is cls]
+            trainable = any(p.requires_grad for _, c in group for p in c.parameters())
+            if count >= 2 and count > len(best) and trainable:
+                prefix = f"{parent_name}." if parent_name else ""
+                best = [f"{prefix}{n}" for n, _ in group]
+    return best
+
+
+def resolve_blocks(model: nn.Module, policy: CheckpointPolicy) -> list[str]:
+    """Qualified names of the submodules a policy allows to checkpoint, in model order.
+
+    Raises:
+        ValueError: when ``policy`` is not None, ``"auto"`` or an iterable of ``nn.Module`` classes.
+    """
+    if policy is None:
+        return []
+    if policy == "auto":
+        return repeated_blocks(model)
+    classes = _policy_classes(policy)
+    return [name for name, m in model.named_modules() if name and isinstance(m, classes)
+            and not any(name.startswith(f"{outer}.") for outer in _outer_matches(model, classes, name))]
+
+
+def _outer_matches(model: nn.Module, classes: tuple[type, ...], name: str) -> Iterator[str]:
+    parts = name.split(".")
+    for k in range(1, len(parts)):
+        outer = ".".join(parts[:k])
+        if isinstance(model.get_submodule(outer), classes):
+            yield outer
+
+
+def _policy_classes(policy: Any) -> tuple[type[nn.Module], ...]:
+    try:
+        classes = tuple(policy)
+    except TypeError:
+        classes = ()
+    if not classes or isinstance(policy, str) or not all(
+        isinstance(c, type) and issubclass(c, nn.Module) for c in classes
+    ):
+        raise ValueError(
+            f"`checkpoint={policy!r}` is not a checkpoint policy. Expected None, 'auto' (the "
+            "model's repeated blocks) or a set of nn.Module classes, e.g. {TransformerBlock}."
+        )
+    return classes
+
+
+def checkpoint_candidates(blocks: Sequence[str]) -> list[tuple[str, ...]]:
+    """The checkpoint sets a search tries: none, every second block, every block (deduplicated)."""
+    sets = [(), tuple(blocks[1::2]), tuple(blocks)]
+    out: list[tuple[str, ...]] = []
+    for s in sets:
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def _checkpointed_forward(forward: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+@contextlib.contextmanager
+def checkpointed(model: nn.Module, names: Iterable[str]) -> Iterator[None]:
+    """Within the block, the named submodules of ``model`` run under activation checkpointing.
+
+    Raises:
+        ValueError: a name that is not a submodule of ``model``.
+    """
+    patched: list[tuple[nn.Module, bool, Any]] = []
+    try:
+        for name in names:
+            try:
+                sub = model.get_submodule(name)
+            except AttributeError:
+                raise ValueError(f"checkpoint block {name!r} is not a submodule of the model.") from None
+            had = "forward" in sub.__dict__
+            patched.append((sub, had, sub.__dict__.get("forward")))
+            sub.forward = _checkpointed_forward(sub.forward)  # type: ignore[method-assign]
+        yield
+    finally:
+        for sub, had, old in reversed(patched):
+            if had:
+                sub.forward = old  # type: ignore[method-assign]
+            else:
+                del sub.forward

@@ -1,0 +1,189 @@
+"""Choose a memory plan: forecast candidate plans, then take the knee or the fastest that fits.
+
+A candidate plan is (activation memory budget, checkpointed blocks). Each is forecast on the real
+compiled graphs of the model (:func:`lightning_memplan.forecast`): its predicted peak above the
+baseline (bytes) and its cost, the FLOPs of the compiled forward and backward graphs (recomputation
+shows up in the backward graph, so more recomputation costs more). The choice:
+
+* ``max_memory`` given: the cheapest plan whose ``baseline + peak`` fits it; if none fits, a
+  :class:`PlanDoesNotFit` error that names the smallest forecast;
+* otherwise the knee: the plan on the Pareto front (lower peak, lower cost) closest to the origin
+  after min-max normalizing both axes.
+
+Decisions rest on the forecast peak, not on the budget number: the measured peak is not monotonic
+in the budget (budget 0.0 can peak as high as 1.0), and checkpointing blocks reaches lower.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpointing import checkpointed
+from .plan import Candidate, MemPlan
+from .report import PlanPoint, pareto_indices
+from .units import format_bytes
+
+__all__ = ["DEFAULT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose", "forecast_flops", "search"]
+
+DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
+"""Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
+
+
+class PlanDoesNotFit(RuntimeError):
+    """No candidate plan's forecast fits ``max_memory``; ``plan`` is the one with the smallest
+    forecast, for callers that train anyway."""
+
+    def __init__(self, message: str, plan: MemPlan) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    """The plan chosen and the time the search took."""
+
+    plan: MemPlan
+    seconds: float
+    """Wall seconds spent forecasting candidates."""
+
+
+def forecast_flops(fc: Any) -> float:
+    """FLOPs of every compiled forward and backward graph a forecast captured (recomputation
+    included); NaN when no graph was captured."""
+    from .compile import node_flops
+
+    total, seen = 0, False
+    for region in fc._backend.regions:
+        for gm in (region.fw_graph, region.bw_graph):
+            if gm is None:
+                continue
+            seen = True
+            total += sum(node_flops(n) for n in gm.graph.nodes if n.op == "call_function")
+    return float(total) if seen else math.nan
+
+
+def _note(fc: Any) -> str:
+    parts = []
+    for r in fc.regions:
+        if r.decision is not None:
+            parts.append("solver called" if r.decision.solver_called else f"solver not called ({r.decision.reason})")
+    if fc.problems:
+        parts.append("; ".join(fc.problems))
+    return "; ".join(parts)
+
+
+def search(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    budgets: Sequence[float] = DEFAULT_BUDGETS,
+    checkpoint_sets: Sequence[tuple[str, ...]] = ((),),
+    solver: str | Callable[..., Any] = "dp",
+    backend: str = "aot_eager",
+    optimizer: torch.optim.Optimizer | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    max_memory: int | None = None,
+    on_candidate: Callable[[Candidate], None] | None = None,
+) -> SearchResult:
+    """Forecast every (checkpoint set, budget) plan and choose one (see the module docstring).
+
+    ``backend`` is the one candidates are compiled with (``"aot_eager"`` avoids code generation);
+    the chosen plan's final forecast is the caller's to make on the real backend.
+
+    Raises:
+        PlanDoesNotFit: ``max_memory`` given and no forecast fits it.
+        RuntimeError: every candidate's forecast failed (the message has the first cause).
+    """
+    from .forecasting import forecast
+
+    t0 = time.perf_counter()
+    candidates: list[Candidate] = []
+    baseline: int | None = None
+    for ck in checkpoint_sets:
+        with checkpointed(model, ck):
+            for b in budgets:
+                try:
+                    fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
+                                  backend=backend, loss_fn=loss_fn, optimizer=optimizer)
+                    cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=fc.peak_bytes,
+                                     cost=forecast_flops(fc), note=_note(fc))
+                    baseline = fc.baseline_bytes if baseline is None else baseline
+                except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
+                    cand = Candidate(budget=b, checkpoint=tuple(ck), note=f"forecast failed: {exc!r}")
+                candidates.append(cand)
+                if on_candidate is not None:
+                    on_candidate(cand)
+                if b < 1.0 and cand.note and all(
+                    part.startswith("solver not called (nothing_recomputable)")
+                    for part in cand.note.split("; ")
+                ):
+                    break  # everything is checkpointed already: lower budgets change nothing
+    plan = choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory,
+                  solver=solver if isinstance(solver, str) else f"custom:{getattr(solver, '__qualname__', 'solver')}")
+    return SearchResult(plan=plan, seconds=time.perf_counter() - t0)
+
+
+def choose(
+    candidates: Sequence[Candidate],
+    *,
+    baseline_bytes: int,
+    max_memory: int | None,
+    solver: str,
+) -> MemPlan:
+    """Pick the knee, or the cheapest plan within ``max_memory`` (``baseline_bytes + peak``)."""
+    ok = [i for i, c in enumerate(candidates) if c.peak_bytes is not None and c.cost is not None
+          and not math.isnan(c.cost)]
+    if not ok:
+        first = next((c.note for c in candidates if c.note), "no candidates")
+        raise RuntimeError(f"every candidate plan's forecast failed; first cause: {first}")
+    points = [PlanPoint(label=candidates[i].label, peak_bytes=int(candidates[i].peak_bytes or 0),
+                        cost=float(candidates[i].cost or 0.0)) for i in ok]
+    front = [ok[k] for k in pareto_indices(points)]
+    knee = _knee(candidates, front)
+    if max_memory is not None:
+        fitting = [i for i in ok if baseline_bytes + int(candidates[i].peak_bytes or 0) <= max_memory]
+        if not fitting:
+            smallest = min(ok, key=lambda i: (int(candidates[i].peak_bytes or 0), i))
+            c = candidates[smallest]
+            raise PlanDoesNotFit(
+                f"no plan fits max_memory={format_bytes(max_memory)}: the smallest forecast is "
+                f"{format_bytes(baseline_bytes + int(c.peak_bytes or 0))} ({c.label}; "
+                f"{format_bytes(baseline_bytes)} of it is parameters, optimizer state and batch). "
+                f"Raise max_memory to at least that, reduce the batch, or allow checkpointing more blocks.",
+                _plan(candidates, smallest, knee, baseline_bytes, solver,
+                      f"smallest forecast; nothing fits max_memory {format_bytes(max_memory)}"),
+            )
+        chosen = min(fitting, key=lambda i: (float(candidates[i].cost or 0.0), int(candidates[i].peak_bytes or 0), i))
+        reason = f"cheapest plan within max_memory {format_bytes(max_memory)}"
+    else:
+        chosen = knee
+        reason = "knee of the forecast Pareto front (peak vs FLOPs)"
+    return _plan(candidates, chosen, knee, baseline_bytes, solver, reason)
+
+
+def _plan(candidates: Sequence[Candidate], chosen: int, knee: int, baseline_bytes: int, solver: str,
+          reason: str) -> MemPlan:
+    c = candidates[chosen]
+    return MemPlan(
+        budget=c.budget, solver=solver, checkpoint=c.checkpoint, predicted_peak_bytes=c.peak_bytes,
+        baseline_bytes=baseline_bytes, reason=reason, knee=knee, chosen=chosen,
+        candidates=tuple(candidates), notes=(c.note,) if c.note else (),
+    )
+
+
+def _knee(candidates: Sequence[Candidate], front: list[int]) -> int:
+    peaks = [float(candidates[i].peak_bytes or 0) for i in front]
+    costs = [float(candidates[i].cost or 0.0) for i in front]
+
+    def norm(xs: list[float]) -> list[float]:
+        lo, span = min(xs), max(xs) - min(xs)
+        return [(x - lo) / span if span > 0 else 0.0 for x in xs]
+
+    dist = [math.hypot(a, b) for a, b in zip(norm(peaks), norm(costs))]
+    return front[min(range(len(front)), key=lambda k: (dist[k], peaks[k]))]

@@ -1,0 +1,186 @@
+"""MemPlanCallback in real Lightning Trainers (CPU, aot_eager: the same partitioner, no codegen)."""
+from __future__ import annotations
+
+import csv
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from lightning_memplan import MemPlanCallback
+from lightning_memplan.callback import MemPlanWarning
+from lightning_memplan.plan import MemPlan
+
+from .models import TinyNet
+
+KEYS = {
+    "memplan/predicted_peak_bytes", "memplan/measured_peak_bytes", "memplan/prediction_error",
+    "memplan/budget", "memplan/baseline_bytes", "memplan/activations_bytes",
+    "memplan/parameters_bytes", "memplan/gradients_bytes", "memplan/optimizer_state_bytes",
+    "memplan/checkpointed_blocks",
+}
+
+
+def _trainer(tmp_path: Path, cb: MemPlanCallback, *, logger: Any = None, epochs: int = 2, **kw: Any) -> Trainer:
+    return Trainer(
+        max_epochs=epochs, callbacks=[cb, *kw.pop("callbacks", [])],
+        logger=CSVLogger(tmp_path) if logger is None else logger, default_root_dir=tmp_path,
+        enable_checkpointing=kw.pop("enable_checkpointing", False), enable_model_summary=False,
+        enable_progress_bar=False, accelerator="cpu", devices=1, **kw,
+    )
+
+
+def _functorch_config() -> dict[str, Any]:
+    import torch._functorch.config as fc
+
+    return {"budget": fc.activation_memory_budget, "solver": fc.activation_memory_budget_solver,
+            "caches": torch.compiler.config.force_disable_caches}
+
+
+def _metrics(trainer: Trainer) -> list[dict[str, str]]:
+    return list(csv.DictReader(open(Path(trainer.logger.log_dir) / "metrics.csv")))
+
+
+def test_fixed_budget_compiles_logs_and_restores(tmp_path: Path) -> None:
+    before = _functorch_config()
+    model = TinyNet()
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2)
+    trainer = _trainer(tmp_path, cb)
+    trainer.fit(model)
+    assert cb.fallback_reason is None and cb.plan is not None and cb.plan.budget == 0.5
+    rows = [r for r in _metrics(trainer) if r.get("memplan/budget")]
+    assert len(rows) == 2  # one per epoch
+    assert KEYS <= {k for k, v in rows[-1].items() if v != ""}
+    predicted = float(rows[-1]["memplan/predicted_peak_bytes"])
+    measured = float(rows[-1]["memplan/measured_peak_bytes"])
+    assert predicted > 0 and measured > 0
+    assert abs(float(rows[-1]["memplan/prediction_error"])) < 0.10
+    assert float(rows[-1]["memplan/prediction_error"]) == pytest.approx((predicted - measured) / measured)
+    # everything restored: the module's own forward, torch's globals
+    assert "forward" not in model.__dict__
+    assert _functorch_config() == before
+    # the timeline picture exists
+    png = Path(trainer.logger.log_dir) / "memplan" / "timeline.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_auto_searches_plans_and_draws_the_frontier(tmp_path: Path) -> None:
+    model = TinyNet()
+    cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.2), checkpoint="auto")
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    trainer = _trainer(tmp_path, cb, logger=logger, epochs=1)
+    trainer.fit(model)
+    plan = cb.plan
+    assert plan is not None and plan.reason.startswith("knee")
+    # 3 checkpoint sets (none, every 2nd, all) x 2 budgets, minus nothing-to-recompute repeats
+    assert 4 <= len(plan.candidates) <= 6
+    assert {c.checkpoint for c in plan.candidates} == {(), ("blocks.1",), ("blocks.0", "blocks.1", "blocks.2")}
+    assert plan.candidates[plan.chosen].budget == plan.budget
+    assert all(c.peak_bytes and c.peak_bytes > 0 for c in plan.candidates)
+    assert (Path(logger.log_dir) / "memplan" / "frontier.png").stat().st_size > 10_000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    acc.Reload()
+    assert "memplan/frontier" in acc.Tags()["images"]
+    assert "memplan/predicted_peak_bytes" in acc.Tags()["scalars"]
+    assert "forward" not in model.__dict__
+    for blk in model.blocks:
+        assert "forward" not in blk.__dict__  # checkpoint wrappers removed
+
+
+def test_logger_false_still_plans(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.3, backend="aot_eager")
+    trainer = _trainer(tmp_path, cb, logger=False, epochs=1)
+    trainer.fit(TinyNet())
+    assert cb.plan is not None and cb.plan.budget == 0.3 and cb.measured and cb.measured[0]
+
+
+def test_compile_failure_falls_back_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning_memplan.compile as comp
+
+    def broken_backend(**kw: Any) -> Any:
+        def backend(gm: Any, example_inputs: Any) -> Any:
+            raise RuntimeError("codegen exploded")
+
+        return backend
+
+    monkeypatch.setattr(comp, "memplan_backend", broken_backend)
+    model = TinyNet()
+    cb = MemPlanCallback(0.5, backend="aot_eager")
+    with pytest.warns(MemPlanWarning, match=r"compiling the planned forward failed: .*codegen exploded.*uncompiled"):
+        _trainer(tmp_path, cb, epochs=1).fit(model)
+    assert cb.fallback_reason is not None and "codegen exploded" in cb.fallback_reason
+    assert "forward" not in model.__dict__
+
+
+class _BreakingNet(TinyNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks[0](x)
+        torch._dynamo.graph_break()
+        for b in self.blocks[1:]:
+            x = b(x)
+        return self.head(x)
+
+
+def test_graph_breaks_give_several_regions(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.5, backend="aot_eager")
+    _trainer(tmp_path, cb, epochs=1).fit(_BreakingNet())
+    assert cb.fallback_reason is None
+    assert any(n.startswith("region 1:") for n in cb.plan.notes)
+    assert len(cb.forecast.regions) >= 2  # the forecast adds the loss after the break
+
+
+def test_plan_file_is_reused_without_search(tmp_path: Path) -> None:
+    path = MemPlan(budget=0.2, solver="greedy", reason="tuned earlier").save(tmp_path / "plan.json")
+    cb = MemPlanCallback(plan=str(path), backend="aot_eager")
+    _trainer(tmp_path, cb, epochs=1).fit(TinyNet())
+    assert cb.plan.budget == 0.2 and cb.plan.reason == "tuned earlier" and cb.plan.candidates == ()
+
+
+def test_resume_takes_the_checkpoint_plan(tmp_path: Path) -> None:
+    ck = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    first = MemPlanCallback(0.5, backend="aot_eager")
+    _trainer(tmp_path, first, epochs=1, callbacks=[ck], enable_checkpointing=True).fit(TinyNet())
+    second = MemPlanCallback(0.3, backend="aot_eager")
+    trainer = _trainer(tmp_path, second, epochs=2)
+    with pytest.warns(MemPlanWarning, match=r"budget=0.3\)` differs from the plan in the checkpoint \(budget 0.5\)"):
+        trainer.fit(TinyNet(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert second.plan.budget == 0.5
+
+
+def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -> None:
+    cb = MemPlanCallback("auto", max_memory="1KiB", backend="aot_eager", candidate_budgets=(1.0, 0.1),
+                         checkpoint=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, cb, epochs=1).fit(TinyNet())
+    messages = [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)]
+    assert any("no plan fits max_memory=1.00 KiB: the smallest forecast is" in m for m in messages)
+    assert any("exceeds max_memory 1.00 KiB; re-planning once" in m for m in messages)
+    assert cb.fallback_reason is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(budget=1.5), r"`MemPlanCallback\(budget=1.5\)` is not a valid activation memory budget"),
+        (dict(budget="atuo"), r"`MemPlanCallback\(budget='atuo'\)` is not valid\. Expected a float in \[0.0, 1.0\] or 'auto'\. Did you mean 'auto'\?"),
+        (dict(max_memory="20 gigs"), r"`max_memory='20 gigs'` is not a byte size"),
+        (dict(solver="cplex"), r"`MemPlanCallback\(solver='cplex'\)` is not a known knapsack solver"),
+        (dict(checkpoint="all"), r"`checkpoint='all'` is not a checkpoint policy"),
+        (dict(backend="tvm"), r"`MemPlanCallback\(backend='tvm'\)` is not a supported backend"),
+        (dict(measure_batches=0), r"`MemPlanCallback\(measure_batches=0\)` must be an int >= 1"),
+        (dict(candidate_budgets=()), r"`MemPlanCallback\(candidate_budgets=\(\)\)` is empty"),
+        (dict(plan="nope.json"), r"`MemPlanCallback\(plan='nope.json'\)`: no such file"),
+        (dict(compile_kwargs={"backend": "eager"}), r"set the backend with `backend=`"),
+    ],
+)
+def test_bad_arguments_raise_before_training(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        MemPlanCallback(**kwargs)
