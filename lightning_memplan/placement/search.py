@@ -1,0 +1,162 @@
+"""The strongest placement: exact search over canonical packings, anytime under a time limit.
+
+For one space, :func:`exact_search` minimizes the arena (bytes) between the lower bound (peak live
+bytes) and the best greedy plan: it first asks the exact decision procedure (see
+:mod:`lightning_memplan.placement._decide`) for a packing within the space's capacity when no greedy
+plan fits, then for a packing at the lower bound, then bisects the range left. Every packing it finds
+is kept, so when the time limit hits it returns the best plan so far with ``timed_out=True``;
+``optimal=True`` means the arena equals a proven bound.
+
+Over a hierarchy it first tries to put every buffer in the first space. If that is impossible (or
+not found in time) it keeps the best greedy plan's choice of space per buffer and minimizes the
+arena of each space separately; optimality is then only claimed per space for that choice.
+Zero-size buffers occupy no bytes and are put at offset 0 of the first space.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from lightning_memplan.placement._decide import Decider, Timeout
+from lightning_memplan.placement.bounds import peak_live
+from lightning_memplan.placement.greedy import greedy_by_position, greedy_by_size
+from lightning_memplan.placement.model import Buffer, MemorySpace, Plan, as_buffers, as_spaces, check_fits
+
+__all__ = ["exact_search"]
+
+DEFAULT_TIME_LIMIT = 60.0
+"""Seconds the CLI gives the search by default."""
+
+
+class _Space:
+    """Minimizes the arena of one space for a fixed set of buffers."""
+
+    def __init__(self, bufs: tuple[Buffer, ...], members: list[int]) -> None:
+        self.members = [i for i in members if bufs[i].size > 0]
+        self.bufs = bufs
+        chosen = [bufs[i] for i in self.members]
+        self.decider = Decider(
+            [b.lower for b in chosen], [b.upper for b in chosen], [b.size for b in chosen], [b.alignment for b in chosen]
+        )
+        self.lower_bound = peak_live(chosen)[0]
+
+    def arena(self, offsets: list[int]) -> int:
+        return max((o + self.bufs[i].size for i, o in zip(self.members, offsets)), default=0)
+
+    def minimize(
+        self, capacity: int, incumbent: list[int] | None, deadline: float
+    ) -> tuple[list[int] | None, bool, bool]:
+        """Best offsets found (per member, bytes), whether proven optimal, whether time cut the search.
+
+        ``incumbent`` (offsets within ``capacity``) seeds the upper bound. A ``None`` result means no
+        packing within ``capacity`` exists (not timed out) or none was found in time (timed out).
+        ``self.found_at`` is the ``perf_counter`` time when the returned offsets were found.
+        """
+        self.found_at = time.perf_counter()
+        best = incumbent
+        if best is None:
+            try:
+                best = self.decider.solve(capacity, deadline)
+            except Timeout:
+                return None, False, True
+            if best is None:
+                return None, False, False
+            self.found_at = time.perf_counter()
+        # Probe the lower bound first (often tight), then bisect. A probe gets half the time left,
+        # so a hard "no" cannot eat the budget; an undecided target sends the next probe upward.
+        lo, hi = self.lower_bound, self.arena(best)
+        target, cut = lo, False
+        while lo <= target < hi:
+            now = time.perf_counter()
+            if now >= deadline:
+                return best, False, True
+            try:
+                found = self.decider.solve(target, min(deadline, now + (deadline - now) / 2))
+            except Timeout:
+                cut = True
+                target = (target + hi + 1) // 2
+                continue
+            if found is None:
+                lo = target + 1
+            else:
+                best, hi = found, self.arena(found)
+                self.found_at = time.perf_counter()
+            target = (lo + hi) // 2
+        return best, lo >= hi, cut
+
+
+def exact_search(
+    buffers: Sequence[Buffer],
+    spaces: int | MemorySpace | Sequence[MemorySpace],
+    *,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
+) -> Plan:
+    """Exact search for the smallest arena, returning the best plan found within ``time_limit``.
+
+    Args:
+        buffers: what to place; ids unique, lifetimes half-open time steps, sizes in bytes.
+        spaces: capacity in bytes, one :class:`MemorySpace`, or a hierarchy in priority order.
+        time_limit: seconds of wall clock (``None``: no limit). The plan returned at the limit is
+            the best found and has ``timed_out=True``.
+
+    Returns:
+        A new :class:`Plan`. ``plan.optimal`` is True when every used space's arena is proven
+        minimal. If buffers are left in ``plan.unplaced`` and ``timed_out`` is False, no packing of
+        them exists in the hierarchy's capacities (for a single space: proven).
+    """
+    started = time.perf_counter()
+    if time_limit is not None and (isinstance(time_limit, bool) or not time_limit > 0):
+        raise ValueError(f"`time_limit={time_limit!r}` is not valid. Expected a positive number of seconds or None.")
+    deadline = started + (time_limit if time_limit is not None else float("inf"))
+    bufs, hierarchy = as_buffers(buffers), as_spaces(spaces)
+    check_fits(bufs, hierarchy)
+    n = len(bufs)
+    greedy = [greedy_by_size(bufs, hierarchy), greedy_by_position(bufs, hierarchy)]
+    best = min(greedy, key=lambda p: (len(p.unplaced), p.total_arena))
+    space: list[int | None] = list(best.space)
+    offset: list[int | None] = list(best.offset)
+    found_at = time.perf_counter() - started
+    optimal, timed_out = False, False
+
+    def incumbent(members: list[int], s: int) -> list[int] | None:
+        if all(space[i] == s for i in members):
+            return [offset[i] for i in members]  # type: ignore[misc]
+        return None
+
+    everything = list(range(n))
+    solved_in_first = False
+    if peak_live(bufs)[0] <= hierarchy[0].capacity and all(b.size <= hierarchy[0].capacity for b in bufs):
+        sp = _Space(bufs, everything)
+        offs, optimal, timed_out = sp.minimize(hierarchy[0].capacity, incumbent(sp.members, 0), deadline)
+        if offs is not None:
+            solved_in_first = True
+            space, offset = [0] * n, [0] * n  # zero-size buffers: offset 0 of the first space
+            for i, o in zip(sp.members, offs):
+                offset[i] = o
+            found_at = sp.found_at - started
+    if not solved_in_first:
+        proven_all = True
+        for s, mem in enumerate(hierarchy):
+            members = [i for i in everything if space[i] == s]
+            if not members:
+                continue
+            sp = _Space(bufs, members)
+            offs, ok, out = sp.minimize(mem.capacity, incumbent(sp.members, s), deadline)
+            timed_out = timed_out or out
+            proven_all = proven_all and ok
+            if offs is not None:
+                for i, o in zip(sp.members, offs):
+                    offset[i] = o
+                found_at = max(found_at, sp.found_at - started)
+        optimal = proven_all and not best.unplaced
+    return Plan(
+        buffers=bufs,
+        spaces=hierarchy,
+        space=tuple(space),
+        offset=tuple(offset),
+        algorithm="search",
+        optimal=optimal,
+        timed_out=timed_out,
+        seconds=time.perf_counter() - started,
+        seconds_to_best=found_at,
+    )
