@@ -73,9 +73,9 @@ def format_usage(plan: Plan, *, tablefmt: str = "simple") -> str:
             r.arena,
             r.live_peak,
             r.peak_time,
-            f"{r.arena / r.live_peak:.3f}" if r.live_peak and r.name != "unplaced" else "",
+            r.arena / r.live_peak if r.live_peak and r.name != "unplaced" else None,
         ]
         for r in usage(plan)
     ]
     headers = ["space", "capacity B", "buffers", "arena B", "live peak B", "peak at t", "arena/live"]
-    return tabulate(body, headers=headers, tablefmt=tablefmt)
+    return tabulate(body, headers=headers, tablefmt=tablefmt, floatfmt=".3f", missingval="")
