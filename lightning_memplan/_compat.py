@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -164,14 +165,26 @@ def inductor_reorder_enabled() -> bool:
     return bool(require("torch._inductor.config", "reorder_for_peak_memory"))
 
 
+def _origin_names(snode: Any) -> tuple[str, ...]:
+    """Names of the FX nodes a scheduler node (fused or not) was lowered from."""
+    names: set[str] = set()
+    for base in snode.get_nodes():
+        for origin in getattr(getattr(base, "node", None), "origins", ()) or ():
+            names.add(origin.name)
+    return tuple(sorted(names))
+
+
 @contextlib.contextmanager
-def probe_inductor_schedule(on_schedule: Callable[[int, list[int], int, bool], None]) -> Iterator[None]:
+def probe_inductor_schedule(
+    on_schedule: Callable[[int, list[int], int, bool, float, list[tuple[str, ...]]], None],
+) -> Iterator[None]:
     """Observe inductor's scheduler-level memory estimate on the final node order.
 
     Wraps ``torch._inductor.memory.reorder_for_peak_memory`` (the scheduler imports it from the
     module at call time). After torch reorders, the wrapper runs ``prepare_planning_info`` and
     ``estimate_peak_memory`` on the chosen order and calls
-    ``on_schedule(peak_bytes, timeline_bytes, freeable_input_bytes, is_backward)``; freeable
+    ``on_schedule(peak_bytes, timeline_bytes, freeable_input_bytes, is_backward, seconds, origins)``
+    (``origins[i]``: FX node names scheduler step ``i`` was lowered from); freeable
     inputs are the graph inputs inductor may free (in backward: the saved activations), primals and
     tangents are not counted. The attribute is restored on exit.
     """
@@ -184,14 +197,20 @@ def probe_inductor_schedule(on_schedule: Callable[[int, list[int], int, bool], N
     def reorder_for_peak_memory(nodes: Any, name_to_buf: Any, name_to_fused_node: Any,
                                 graph_inputs: Any, graph_outputs: Any, **kw: Any) -> Any:
         order = orig(nodes, name_to_buf, name_to_fused_node, graph_inputs, graph_outputs, **kw)
+        t0 = time.perf_counter()
+        is_backward = bool(getattr(virtualized.graph, "is_backward", False))
         try:
             _, freeable = prepare(order, name_to_buf, name_to_fused_node, graph_inputs, graph_outputs)
             peak, timeline = estimate(order, freeable, graph_outputs)
             freeable_bytes = sum(int(b.mpi_buffer.size_free) for b in freeable.values())
-            on_schedule(int(peak), [int(v) for v in timeline], freeable_bytes,
-                        bool(getattr(virtualized.graph, "is_backward", False)))
+            try:
+                origins = [_origin_names(n) for n in order]
+            except Exception:  # noqa: BLE001 - origins are optional
+                origins = []
+            on_schedule(int(peak), [int(v) for v in timeline], freeable_bytes, is_backward,
+                        time.perf_counter() - t0, origins)
         except Exception:  # noqa: BLE001 - an estimate failure must never break the compile
-            on_schedule(-1, [], 0, bool(getattr(virtualized.graph, "is_backward", False)))
+            on_schedule(-1, [], 0, is_backward, time.perf_counter() - t0, [])
         return order
 
     mod.reorder_for_peak_memory = reorder_for_peak_memory

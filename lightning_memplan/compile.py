@@ -82,19 +82,11 @@ def _check_budget(budget: object, call: str) -> float:
     return float(budget)  # type: ignore[arg-type]
 
 
-def _torch_solver(name: str) -> SolverFn:
-    mod = "torch._functorch._activation_checkpointing.knapsack"
-    attr = {"greedy": "greedy_knapsack", "dp": "dp_knapsack", "ilp": "ilp_knapsack",
-            "hirschberg": "dp_knapsack_sliding_hirschberg"}[name]
-    return _compat.require(mod, attr)
-
-
 def resolve_solver(solver: str | SolverFn, call: str = "memplan_backend") -> tuple[str, SolverFn]:
     """``(name, function)`` for a solver name in :data:`SOLVER_NAMES` or a user callable.
 
-    Names resolve through :func:`lightning_memplan.solvers.get_solver`; while that package is not
-    importable, through torch's solvers of the same name. A callable must have torch's solver
-    signature (:data:`SolverFn`); its name is its qualified name.
+    Names resolve through :func:`lightning_memplan.solvers.get_solver`. A callable must have torch's
+    solver signature (:data:`SolverFn`); its name is its qualified name.
     """
     if callable(solver) and not isinstance(solver, str):
         name = f"{getattr(solver, '__module__', '')}.{getattr(solver, '__qualname__', type(solver).__name__)}"
@@ -105,10 +97,8 @@ def resolve_solver(solver: str | SolverFn, call: str = "memplan_backend") -> tup
             f"{', '.join(repr(s) for s in SOLVER_NAMES)}, or a callable "
             "`(memory, runtimes, max_memory) -> (value, saved_idx, recomputed_idx)`."
         )
-    try:
-        from lightning_memplan.solvers import get_solver  # type: ignore[attr-defined]
-    except ImportError:
-        return solver, _torch_solver(solver)
+    from lightning_memplan.solvers import get_solver
+
     return solver, get_solver(solver)
 
 
@@ -180,6 +170,10 @@ class ScheduleEstimate:
     peak_bytes: int
     timeline: tuple[int, ...]
     freeable_input_bytes: int
+    #: Seconds spent computing this estimate inside inductor's compile.
+    seconds: float = 0.0
+    #: FX node names each scheduler step was lowered from (``len == len(timeline) - 1``; may be empty).
+    origins: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(kw_only=True)
@@ -199,7 +193,7 @@ class RegionCapture:
     bw_schedule: ScheduleEstimate | None = None
     #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
     compile_seconds: float = 0.0
-    #: Seconds spent taking graph snapshots inside that time.
+    #: Seconds spent recording inside that time (graph snapshots, inductor schedule estimates).
     capture_seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
     # partitioner observations, consumed when the decision is made
@@ -420,11 +414,14 @@ class MemplanBackend:
         compile_fx_inner = _compat.compile_fx_inner()
         capture = self.capture
 
-        def on_schedule(peak: int, timeline: list[int], freeable: int, is_backward: bool) -> None:
+        def on_schedule(peak: int, timeline: list[int], freeable: int, is_backward: bool, seconds: float,
+                        origins: list[tuple[str, ...]]) -> None:
+            region.capture_seconds += seconds
             if peak < 0:
                 region.errors.append("inductor schedule estimate failed")
                 return
-            est = ScheduleEstimate(peak_bytes=peak, timeline=tuple(timeline), freeable_input_bytes=freeable)
+            est = ScheduleEstimate(peak_bytes=peak, timeline=tuple(timeline), freeable_input_bytes=freeable,
+                                   seconds=seconds, origins=tuple(origins))
             if is_backward:
                 region.bw_schedule = est
             else:

@@ -20,6 +20,7 @@ graph breaks, allocator fragmentation and rounding, kernels' internal workspaces
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import types
 import warnings
@@ -36,6 +37,7 @@ from lightning_memplan.compile import (
     MemplanBackend,
     PartitionDecision,
     RegionCapture,
+    ScheduleEstimate,
     _check_budget,
     _check_inner,
     memplan_backend,
@@ -184,11 +186,11 @@ def _no_side_effects(model: nn.Module, devices: list[int]) -> Any:
                     b.copy_(saved)
 
 
-def _region_memory(region: RegionCapture) -> RegionMemory:
+def _region_memory(region: RegionCapture, every_op: bool) -> RegionMemory:
     if region.fw_graph is None:
         raise RuntimeError(f"region {region.index}: no forward graph was captured")
     return profile_region(region.fw_graph.graph, region.bw_graph.graph if region.bw_graph is not None else None,
-                          workspace=probe_workspace)
+                          workspace=functools.partial(probe_workspace, every_op=every_op))
 
 
 def _torch_fx_peak(region: RegionCapture) -> int | None:
@@ -223,12 +225,25 @@ class _Plan:
     grad_copy: int
 
 
-def _with_workspace(timeline: Sequence[int], gm: torch.fx.GraphModule | None) -> tuple[int, ...]:
-    ws = max((probe_workspace(n) for n in gm.graph.nodes), default=0) if gm is not None else 0
-    out = list(timeline)
-    if ws and out:
+def _with_workspace(est: ScheduleEstimate, gm: torch.fx.GraphModule | None) -> tuple[int, ...]:
+    """The scheduler timeline plus each extern kernel's workspace at the step it runs in.
+
+    Steps are matched to FX nodes by the names they were lowered from; without origins the largest
+    workspace is added at the peak step (an upper bound).
+    """
+    out = list(est.timeline or (0,))
+    if gm is None:
+        return tuple(out)
+    ws = {n.name: probe_workspace(n) for n in gm.graph.nodes}
+    ws = {k: v for k, v in ws.items() if v}
+    if not ws:
+        return tuple(out)
+    if est.origins:
+        for i, names in enumerate(est.origins[: len(out)]):
+            out[i] += max((ws.get(n, 0) for n in names), default=0)
+    else:
         top = max(range(len(out)), key=out.__getitem__)
-        out[top] += ws
+        out[top] += max(ws.values())
     return tuple(out)
 
 
@@ -248,8 +263,8 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
     if not use_scheduler or fs is None or (bw is not None and bs is None):
         return fx_plan
     # the scheduler does not see kernel workspaces: add the largest one at the graph's peak step
-    fw_tl = _with_workspace(fs.timeline or (0,), region.fw_graph)
-    bw_tl = _with_workspace(bs.timeline, region.bw_graph) if bs is not None else ()
+    fw_tl = _with_workspace(fs, region.fw_graph)
+    bw_tl = _with_workspace(bs, region.bw_graph) if bs is not None else ()
     return _Plan(
         index=region.index, method="inductor_scheduler",
         fw_nodes=tuple(f"sched{i}" for i in range(len(fw_tl))), fw_timeline=tuple(fw_tl),
@@ -406,7 +421,7 @@ def forecast(
     regions: list[RegionForecast] = []
     for region in be.regions:
         try:
-            mem = _region_memory(region)
+            mem = _region_memory(region, every_op=inner == "aot_eager")  # inductor: extern kernels only
             plan = _plan(region, mem, use_scheduler=inner == "inductor")
             if inner == "inductor" and plan.method != "inductor_scheduler":
                 problems.append(f"region {region.index}: no inductor schedule estimate; used the FX profile")

@@ -1,10 +1,16 @@
 """Kernel workspaces: bytes an op allocates inside its kernel and frees before it returns.
 
 FX graphs show each op's outputs, not the scratch memory its kernel uses (CPU convolution backward
-allocates im2col columns as large as an activation; attention kernels keep softmax statistics). For
-the few ops known to do this (:data:`PROBED_OPS`), :func:`probe_workspace` runs the op once on zero
-tensors with the node's shapes, strides, dtypes and device, and reports the measured peak minus the
-bytes of its outputs. Results are cached per signature. Every other op has no workspace (0).
+allocates im2col columns as large as an activation; the low-memory max-pool prims run eager
+decompositions with temporaries). :func:`probe_workspace` runs such an op once on zero tensors with
+the node's shapes, strides, dtypes and device, and reports the measured peak minus the bytes of its
+outputs. Results are cached per signature.
+
+Which ops are probed: with ``every_op=False`` (inductor, which generates code for everything else)
+only the attention kernels of :data:`PROBED_OPS` (inductor re-lays out convolutions, channels-last
+and mkldnn on CPU, so probing them with the graph's strides would count scratch it does not use);
+with ``every_op=True`` (eager kernels) every op except views, pointwise ops and the cheap ops of
+:data:`NO_WORKSPACE_OPS`.
 """
 from __future__ import annotations
 
@@ -26,6 +32,16 @@ PROBED_OPS: frozenset[str] = frozenset({
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+})
+
+
+#: Ops whose kernels are known not to allocate scratch memory worth probing.
+NO_WORKSPACE_OPS: frozenset[str] = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin",
+    "clone", "copy_", "_to_copy", "empty", "empty_like", "empty_strided", "zeros", "ones", "full",
+    "full_like", "zeros_like", "ones_like", "scalar_tensor", "cat", "stack", "index_select", "gather",
+    "scatter", "scatter_add", "embedding", "embedding_dense_backward", "index_put", "_unsafe_index_put",
+    "native_layer_norm", "native_layer_norm_backward", "var_mean", "rsqrt", "where",
 })
 
 
@@ -71,10 +87,23 @@ class _Frozen:
         return isinstance(other, _Frozen) and other.key == self.key
 
 
-def probe_workspace(node: fx.Node) -> int:
-    """Workspace bytes of ``node``'s kernel (0 for ops not in :data:`PROBED_OPS` or on failure)."""
-    packet = getattr(node.target, "overloadpacket", None)
-    if node.op != "call_function" or packet is None or packet.__name__ not in PROBED_OPS:
+def _probed(target: Any, every_op: bool) -> bool:
+    packet = getattr(target, "overloadpacket", None)
+    if packet is None:
+        return False
+    name = packet.__name__
+    if name in PROBED_OPS:
+        return every_op or "attention" in name
+    if not every_op or name in NO_WORKSPACE_OPS or torch.Tag.pointwise in getattr(target, "tags", ()):
+        return False
+    schema = getattr(target, "_schema", None)
+    returns_alias = schema is not None and any(r.alias_info is not None for r in schema.returns)
+    return not returns_alias  # views and in-place ops allocate nothing
+
+
+def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
+    """Workspace bytes of ``node``'s kernel; 0 for ops not probed (see module doc) or on failure."""
+    if node.op != "call_function" or not _probed(node.target, every_op):
         return 0
 
     def unwrap(a: object) -> object:
