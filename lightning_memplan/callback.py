@@ -580,8 +580,16 @@ class MemPlanCallback(Callback):
         )
 
     def _plot_dir(self) -> Path:
+        """``<first logger's log_dir>/memplan`` (else the Trainer's ``default_root_dir``).
+
+        Not ``trainer.log_dir``: under DDP that property broadcasts, and plots are drawn on rank
+        zero only, so the other ranks would never join the collective.
+        """
         trainer = self._trainer
-        root = getattr(trainer, "log_dir", None) if trainer is not None else None
+        root: Any = None
+        if trainer is not None and trainer.loggers:
+            logger = trainer.loggers[0]
+            root = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None)
         if root is None and trainer is not None:
             root = trainer.default_root_dir
         return Path(root or ".") / "memplan"

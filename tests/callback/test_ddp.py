@@ -1,0 +1,27 @@
+"""DDP on CPU with 2 real processes (gloo): rank 0 decides, both ranks train with one plan."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
+    script = Path(__file__).with_name("ddp_script.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["fallback"] is None and ranks[1]["fallback"] is None
+    assert ranks[0]["budget"] == ranks[1]["budget"]
+    # rank 0 searched; rank 1 received the same plan, candidates included
+    assert ranks[0]["candidates"] == ranks[1]["candidates"] == 2
+    assert all(r["measured"] and r["measured"][0] for r in ranks)
+    rows = list(csv.DictReader(open(Path(ranks[0]["log_dir"]) / "metrics.csv")))
+    logged = [float(r["memplan/measured_peak_bytes"]) for r in rows if r.get("memplan/measured_peak_bytes")]
+    # the logged value is the max over ranks
+    assert logged == [max(max(r["measured"][0]) for r in ranks)]
