@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,72 +26,20 @@ from tabulate import tabulate
 from torch import nn
 from typing_extensions import override
 
-from .checkpointing import CheckpointPolicy, checkpoint_candidates, checkpointed, resolve_blocks
-from .checkpointing import _policy_classes
+from .checkpointing import CheckpointPolicy, checkpointed
 from .plan import Candidate, MemPlan
-from .search import DEFAULT_BUDGETS, PlanDoesNotFit, search
+from .planner import PlanSettings, PlanWarning, decide_plan, forecast_plan
+from .search import DEFAULT_BUDGETS
 from .strategy import decide_on_rank_zero, max_over_ranks
-from .units import format_bytes, parse_bytes
+from .units import format_bytes
 
 __all__ = ["MemPlanCallback", "MemPlanWarning"]
 
 _MISSING = object()
 
 
-class MemPlanWarning(UserWarning):
-    """Planning fell back or changed course; training goes on."""
-
-
-def _sum_outputs(out: Any) -> torch.Tensor:
-    """Default loss for forecasting: the sum of every floating tensor in the output."""
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out)
-              if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not leaves:
-        raise ValueError("the module's forward returned no floating-point tensor to differentiate")
-    total = leaves[0].float().sum()
-    for t in leaves[1:]:
-        total = total + t.float().sum()
-    return total
-
-
-def _grad_bytes(module: nn.Module) -> int:
-    """Bytes of the gradients of ``module``'s trainable parameters (unique storages)."""
-    seen: set[int] = set()
-    total = 0
-    for p in module.parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    return total
-
-
-def lightning_step_peak(fc: Any, grad_bytes: int) -> int:
-    """The forecast peak of a Lightning training step, above the bytes live when it starts.
-
-    ``forecast()`` models a step that starts without gradients. Lightning's automatic optimization
-    keeps the previous step's gradients until ``zero_grad`` (``set_to_none``), which it calls after
-    ``training_step`` and before ``backward``: during the forward they are still live (they belong
-    to the starting bytes), and from the backward on they are gone while the new ones are created.
-    So the forward part of the forecast timeline stands as it is, and the rest is ``grad_bytes``
-    lower.
-    """
-    fwd = [s.bytes for s in fc.timeline if s.phase == "forward"]
-    rest = [s.bytes - grad_bytes for s in fc.timeline if s.phase != "forward"]
-    return max([0, *fwd, *rest])
-
-
-class _BoundForward(nn.Module):
-    """``module``'s original forward as a module of its own, with fixed keyword arguments, so the
-    forecast can compile it without going through the callback's planned forward."""
-
-    def __init__(self, module: nn.Module, forward: Callable[..., Any], kwargs: dict[str, Any]) -> None:
-        super().__init__()
-        self.module = module
-        self._forward = forward
-        self._kwargs = kwargs
-
-    def forward(self, *args: Any) -> Any:
-        return self._forward(*args, **self._kwargs)
+MemPlanWarning = PlanWarning
+"""Planning fell back or changed course; training goes on."""
 
 
 def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
@@ -180,30 +127,10 @@ class MemPlanCallback(Callback):
         compile_kwargs: dict[str, Any] | None = None,
         verbose: bool = True,
     ) -> None:
-        from .compile import _check_budget, _check_inner, resolve_solver
-
         call = "MemPlanCallback"
-        if isinstance(budget, str):
-            if budget != "auto":
-                close = difflib.get_close_matches(budget.lower(), ["auto"], n=1, cutoff=0.5)
-                hint = " Did you mean 'auto'?" if close else ""
-                raise ValueError(
-                    f"`{call}(budget={budget!r})` is not valid. Expected a float in [0.0, 1.0] or "
-                    f"'auto'.{hint}"
-                )
-        else:
-            _check_budget(budget, call)
-        max_bytes = None if max_memory is None else parse_bytes(max_memory, argument="max_memory")
-        solver_name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
-        if checkpoint is not None and checkpoint != "auto":
-            checkpoint = frozenset(_policy_classes(checkpoint))
-        inner = _check_inner(backend, call, "backend")
-        search_inner = _check_inner(search_backend, call, "search_backend")
-        cands = tuple(candidate_budgets)
-        if not cands:
-            raise ValueError(f"`{call}(candidate_budgets={candidate_budgets!r})` is empty. Expected budgets in [0, 1].")
-        for b in cands:
-            _check_budget(b, call)
+        self._settings = PlanSettings.from_args(
+            call, budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint,
+            backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend)
         if isinstance(measure_batches, bool) or not isinstance(measure_batches, int) or measure_batches < 1:
             raise ValueError(f"`{call}(measure_batches={measure_batches!r})` must be an int >= 1.")
         if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
@@ -220,14 +147,8 @@ class MemPlanCallback(Callback):
                 raise ValueError(f"`{call}(plan={str(plan)!r})`: no such file. Save one with `plan_memory(...).save(path)`.")
             user_plan = MemPlan.load(plan)
 
-        self._budget = budget
-        self._max_memory = max_bytes
-        self._solver = solver
-        self._solver_name = solver_name if isinstance(solver, str) else f"custom:{solver_name}"
-        self._checkpoint = checkpoint
-        self._backend = inner
-        self._candidate_budgets = cands
-        self._search_backend = search_inner
+        self._budget = self._settings.budget
+        self._max_memory = self._settings.max_memory
         self._user_plan = user_plan
         self._replan = bool(replan)
         self._measure_batches = measure_batches
@@ -329,8 +250,9 @@ class MemPlanCallback(Callback):
     def _planned_forward(self, *args: Any, **kwargs: Any) -> Any:
         module = self._module
         assert module is not None and self._orig_forward is not None
-        if (self.plan is None and self.fallback_reason is None and module.training
-                and torch.is_grad_enabled()):
+        trainer = self._trainer
+        in_training = trainer.training if trainer is not None else module.training
+        if self.plan is None and self.fallback_reason is None and in_training and torch.is_grad_enabled():
             self._example = (args, kwargs)
             self._activate()
         fn = self._active_forward
@@ -363,31 +285,10 @@ class MemPlanCallback(Callback):
             return self._restored_plan
         if self._user_plan is not None:
             return self._user_plan
-        if not isinstance(self._budget, str):
-            return MemPlan(budget=float(self._budget), solver=self._solver_name, backend=self._backend,
-                           reason="budget given")
-        module = self._module
-        assert module is not None and self._example is not None
-        blocks = resolve_blocks(module, self._checkpoint)
-        sets = checkpoint_candidates(blocks)
+        assert self._module is not None and self._example is not None and self._orig_forward is not None
         args, kwargs = self._example
-        target = _BoundForward(module, self._orig_forward, kwargs)  # type: ignore[arg-type]
-        opt = self._optimizer()
-        try:
-            res = search(target, args, budgets=self._candidate_budgets,
-                         checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
-                         solver=self._solver, backend=self._search_backend, optimizer=opt,
-                         loss_fn=_sum_outputs, max_memory=self._max_memory)
-            plan = res.plan
-        except PlanDoesNotFit as exc:
-            warnings.warn(f"MemPlanCallback: {exc} Training with the smallest plan.", MemPlanWarning, stacklevel=2)
-            plan = exc.plan
-        # names were searched relative to the wrapper: store them relative to the LightningModule
-        strip = lambda names: tuple(n.removeprefix("module.") for n in names)  # noqa: E731
-        cands = tuple(Candidate(budget=c.budget, checkpoint=strip(c.checkpoint), peak_bytes=c.peak_bytes,
-                                cost=c.cost, note=c.note) for c in plan.candidates)
-        return dataclasses.replace(plan, checkpoint=strip(plan.checkpoint), candidates=cands,
-                                   backend=self._backend)
+        return decide_plan(self._settings, self._module, self._orig_forward, args, kwargs,
+                           self._optimizer(), call="MemPlanCallback")
 
     def _optimizer(self) -> torch.optim.Optimizer | None:
         trainer = self._trainer
@@ -397,10 +298,9 @@ class MemPlanCallback(Callback):
     def _install(self, plan: MemPlan) -> None:
         """Wrap the plan's blocks, forecast it on ``backend`` and compile. Falls back on failure."""
         from .compile import memplan_backend
-        from .forecasting import forecast
 
         module = self._module
-        assert module is not None and self._example is not None
+        assert module is not None and self._example is not None and self._orig_forward is not None
         self._stack.close()
         self._stack = contextlib.ExitStack()
         t0 = time.perf_counter()
@@ -409,32 +309,17 @@ class MemPlanCallback(Callback):
             args, kwargs = self._example
             fc = None
             try:
-                fc = forecast(_BoundForward(module, self._orig_forward, kwargs), tuple(args),  # type: ignore[arg-type]
-                              budget=plan.budget, solver=self._solver, backend=self._backend,
-                              loss_fn=_sum_outputs, optimizer=self._optimizer())
+                plan, fc = forecast_plan(self._settings, plan, module, self._orig_forward, args, kwargs,
+                                         self._optimizer())
             except Exception as exc:  # noqa: BLE001 - no forecast: train with the plan anyway
                 warnings.warn(f"MemPlanCallback: the forecast of the chosen plan failed ({exc!r}); "
                               "training with the plan, without predictions.", MemPlanWarning, stacklevel=2)
-            be = memplan_backend(budget=plan.budget, solver=self._solver, inner=self._backend, capture=False)
+            be = memplan_backend(budget=plan.budget, solver=self._settings.solver,
+                                 inner=self._settings.backend, capture=False)
             compiled = torch.compile(_fresh_forward(module), backend=be, **self._compile_kwargs)
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
             self._fall_back(f"installing the plan failed: {exc!r}")
             return
-        if fc is not None and fc.peak_bytes is not None:
-            grads = _grad_bytes(module)
-            breakdown = {}
-            if fc.breakdown is not None:
-                b = fc.breakdown
-                breakdown = {"activations": b.activations, "parameters": b.parameters + b.buffers,
-                             "gradients": grads, "optimizer_state": b.optimizer_state,
-                             "inputs": b.inputs, "optimizer_temporaries": b.optimizer_temporaries}
-            notes = tuple(
-                f"region {r.index}: " + ("solver called" if r.decision and r.decision.solver_called
-                                         else f"solver not called ({r.decision.reason if r.decision else 'unknown'})")
-                for r in fc.regions)
-            plan = dataclasses.replace(plan, predicted_peak_bytes=lightning_step_peak(fc, grads),
-                                       baseline_bytes=fc.baseline_bytes + grads, breakdown=breakdown,
-                                       notes=notes)
         self.forecast = fc
         self.plan = plan
         self._active_forward = compiled
@@ -475,6 +360,12 @@ class MemPlanCallback(Callback):
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if self._fit_batches == 1 and self.plan is None and self.fallback_reason is None:
+            self.fallback_reason = "training_step never called the module itself (`self(...)`)"
+            warnings.warn(
+                "MemPlanCallback: training_step did not call `self(...)` in the first batch, so there "
+                "is no forward to plan and compile; training goes on uncompiled.",
+                MemPlanWarning, stacklevel=2)
         peak = self._close_window()
         if peak is None:
             self._window_streak = 0

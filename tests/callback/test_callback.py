@@ -184,3 +184,16 @@ def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -
 def test_bad_arguments_raise_before_training(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         MemPlanCallback(**kwargs)
+
+
+class _SubmoduleOnly(TinyNet):
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.head(x), y)
+
+
+def test_training_step_without_self_call_warns_and_trains(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.5, backend="aot_eager")
+    with pytest.warns(MemPlanWarning, match=r"training_step did not call `self\(...\)`"):
+        _trainer(tmp_path, cb, epochs=1).fit(_SubmoduleOnly())
+    assert cb.plan is None and "never called" in cb.fallback_reason

@@ -1,0 +1,207 @@
+"""Plan a LightningModule's training step: validated settings, the decision, the final forecast.
+
+Shared by :class:`~lightning_memplan.MemPlanCallback` (on the first batch of a fit) and
+:func:`~lightning_memplan.tuner.plan_memory` (before a run). Works on a module, its original
+``forward``, one call's arguments and the optimizer; knows nothing of the Trainer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .checkpointing import CheckpointPolicy, _policy_classes, checkpoint_candidates, resolve_blocks
+from .plan import Candidate, MemPlan
+from .search import DEFAULT_BUDGETS, PlanDoesNotFit, search
+from .units import parse_bytes
+
+__all__ = ["PlanSettings", "PlanWarning", "decide_plan", "forecast_plan", "lightning_step_peak"]
+
+
+class PlanWarning(UserWarning):
+    """Planning fell back or changed course; training goes on."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSettings:
+    """Validated planning arguments (see :class:`~lightning_memplan.MemPlanCallback` for each)."""
+
+    budget: float | Literal["auto"]
+    max_memory: int | None
+    """Byte target for baseline + step peak, or None."""
+    solver: str | Callable[..., Any]
+    solver_name: str
+    checkpoint: Any
+    """None, ``"auto"`` or a frozenset of module classes."""
+    backend: Literal["inductor", "aot_eager"]
+    candidate_budgets: tuple[float, ...]
+    search_backend: Literal["inductor", "aot_eager"]
+
+    @classmethod
+    def from_args(
+        cls,
+        call: str,
+        *,
+        budget: float | str = "auto",
+        max_memory: int | str | None = None,
+        solver: str | Callable[..., Any] = "dp",
+        checkpoint: CheckpointPolicy = "auto",
+        backend: str = "inductor",
+        candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
+        search_backend: str = "aot_eager",
+    ) -> PlanSettings:
+        """Validate the arguments of ``call`` (named in every error message)."""
+        from .compile import _check_budget, _check_inner, resolve_solver
+
+        if isinstance(budget, str):
+            if budget != "auto":
+                close = difflib.get_close_matches(budget.lower(), ["auto"], n=1, cutoff=0.5)
+                hint = " Did you mean 'auto'?" if close else ""
+                raise ValueError(
+                    f"`{call}(budget={budget!r})` is not valid. Expected a float in [0.0, 1.0] or "
+                    f"'auto'.{hint}"
+                )
+        else:
+            budget = _check_budget(budget, call)
+        max_bytes = None if max_memory is None else parse_bytes(max_memory, argument="max_memory")
+        name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
+        if checkpoint is not None and checkpoint != "auto":
+            checkpoint = frozenset(_policy_classes(checkpoint))
+        cands = tuple(candidate_budgets)
+        if not cands:
+            raise ValueError(f"`{call}(candidate_budgets={candidate_budgets!r})` is empty. Expected budgets in [0, 1].")
+        return cls(
+            budget=budget, max_memory=max_bytes, solver=solver,
+            solver_name=solver if isinstance(solver, str) else f"custom:{name}",
+            checkpoint=checkpoint, backend=_check_inner(backend, call, "backend"),
+            candidate_budgets=tuple(_check_budget(b, call) for b in cands),
+            search_backend=_check_inner(search_backend, call, "search_backend"),
+        )
+
+
+def sum_outputs(out: Any) -> torch.Tensor:
+    """Default loss for forecasting: the sum of every floating tensor in the output."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out)
+              if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the module's forward returned no floating-point tensor to differentiate")
+    total = leaves[0].float().sum()
+    for t in leaves[1:]:
+        total = total + t.float().sum()
+    return total
+
+
+class BoundForward(nn.Module):
+    """``module``'s original forward as a module of its own, with fixed keyword arguments, so a
+    forecast can compile it without going through any planned or wrapped forward."""
+
+    def __init__(self, module: nn.Module, forward: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.module = module
+        self._forward = forward
+        self._kwargs = kwargs
+
+    def forward(self, *args: Any) -> Any:
+        return self._forward(*args, **self._kwargs)
+
+
+def grad_bytes(module: nn.Module) -> int:
+    """Bytes of the gradients of ``module``'s trainable parameters (unique parameters)."""
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total
+
+
+def lightning_step_peak(fc: Any, grads: int) -> int:
+    """The forecast peak of a Lightning training step, above the bytes live when it starts.
+
+    ``forecast()`` models a step that starts without gradients. Lightning's automatic optimization
+    keeps the previous step's gradients until ``zero_grad`` (``set_to_none``), which it calls after
+    ``training_step`` and before ``backward``: during the forward they are still live (they belong
+    to the starting bytes), and from the backward on they are gone while the new ones are created.
+    So the forward part of the forecast timeline stands as it is, and the rest is ``grads`` lower.
+    """
+    fwd = [s.bytes for s in fc.timeline if s.phase == "forward"]
+    rest = [s.bytes - grads for s in fc.timeline if s.phase != "forward"]
+    return max([0, *fwd, *rest])
+
+
+def decide_plan(
+    settings: PlanSettings,
+    module: nn.Module,
+    forward: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    call: str,
+) -> MemPlan:
+    """A fixed-budget plan, or the search's choice (knee, or cheapest within ``max_memory``).
+
+    When nothing fits ``max_memory``, warns (:class:`PlanWarning`) and returns the plan with the
+    smallest forecast.
+    """
+    if not isinstance(settings.budget, str):
+        return MemPlan(budget=float(settings.budget), solver=settings.solver_name,
+                       backend=settings.backend, reason="budget given")
+    sets = checkpoint_candidates(resolve_blocks(module, settings.checkpoint))
+    target = BoundForward(module, forward, kwargs)
+    try:
+        plan = search(target, tuple(args), budgets=settings.candidate_budgets,
+                      checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
+                      solver=settings.solver, backend=settings.search_backend, optimizer=optimizer,
+                      loss_fn=sum_outputs, max_memory=settings.max_memory).plan
+    except PlanDoesNotFit as exc:
+        warnings.warn(f"{call}: {exc} Training with the smallest plan.", PlanWarning, stacklevel=2)
+        plan = exc.plan
+    # the search named blocks relative to the wrapper: store them relative to the module
+    strip = lambda names: tuple(n.removeprefix("module.") for n in names)  # noqa: E731
+    cands = tuple(dataclasses.replace(c, checkpoint=strip(c.checkpoint)) for c in plan.candidates)
+    return dataclasses.replace(plan, checkpoint=strip(plan.checkpoint), candidates=cands,
+                               backend=settings.backend)
+
+
+def forecast_plan(
+    settings: PlanSettings,
+    plan: MemPlan,
+    module: nn.Module,
+    forward: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None,
+) -> tuple[MemPlan, Any]:
+    """Forecast ``plan`` on ``settings.backend`` (the plan's blocks must already be wrapped) and
+    return the plan with its Lightning-step prediction, breakdown and partitioner notes filled in,
+    and the :class:`~lightning_memplan.forecasting.Forecast`. Raises what the forecast raises."""
+    from .forecasting import forecast
+
+    fc = forecast(BoundForward(module, forward, kwargs), tuple(args), budget=plan.budget,
+                  solver=settings.solver, backend=settings.backend, loss_fn=sum_outputs,
+                  optimizer=optimizer)
+    if fc.peak_bytes is None:
+        return plan, fc
+    grads = grad_bytes(module)
+    breakdown: dict[str, int] = {}
+    if fc.breakdown is not None:
+        b = fc.breakdown
+        breakdown = {"activations": b.activations, "parameters": b.parameters + b.buffers,
+                     "gradients": grads, "optimizer_state": b.optimizer_state, "inputs": b.inputs,
+                     "optimizer_temporaries": b.optimizer_temporaries}
+    notes = tuple(
+        f"region {r.index}: " + ("solver called" if r.decision and r.decision.solver_called
+                                 else f"solver not called ({r.decision.reason if r.decision else 'unknown'})")
+        for r in fc.regions)
+    plan = dataclasses.replace(plan, predicted_peak_bytes=lightning_step_peak(fc, grads),
+                               baseline_bytes=fc.baseline_bytes + grads, breakdown=breakdown,
+                               notes=notes)
+    return plan, fc

@@ -1,0 +1,54 @@
+"""plan_memory: plan before a run, reuse the JSON in the callback, leave the model untouched."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lightning_memplan import MemPlanCallback
+from lightning_memplan.plan import MemPlan
+from lightning_memplan.tuner import plan_memory
+
+from .models import TinyNet
+
+
+def test_plan_memory_then_train_from_the_json(tmp_path: Path) -> None:
+    model = TinyNet()
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, max_epochs=1)
+    plan = plan_memory(trainer, model, candidate_budgets=(1.0, 0.2), checkpoint=None, backend="aot_eager")
+    # the model is as it was: weights, mode, no grads, no instance forward
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not model.training and "forward" not in model.__dict__
+    assert all(p.grad is None for p in model.parameters())
+    assert len(plan.candidates) == 2 and plan.predicted_peak_bytes and plan.predicted_peak_bytes > 0
+    path = plan.save(tmp_path / "plan.json")
+    assert MemPlan.load(path) == plan
+
+    cb = MemPlanCallback(plan=path, backend="aot_eager")
+    Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=[cb]).fit(model)
+    assert cb.plan.budget == plan.budget and cb.plan.candidates == plan.candidates
+    assert cb.timings["decide_seconds"] < 1.0  # reused, not searched
+
+
+class _NoSelfCall(TinyNet):
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.head(x), y)
+
+
+def test_plan_memory_needs_training_step_to_call_the_module() -> None:
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False)
+    with pytest.raises(RuntimeError, match=r"`training_step` never called the module itself"):
+        plan_memory(trainer, _NoSelfCall(), budget=0.5, backend="aot_eager")
+
+
+def test_plan_memory_validates_arguments() -> None:
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False)
+    with pytest.raises(ValueError, match=r"`plan_memory\(budget=2\)` is not a valid activation memory budget"):
+        plan_memory(trainer, TinyNet(), budget=2)
