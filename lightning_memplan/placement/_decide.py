@@ -59,6 +59,7 @@ class Decider:
         self.size_l = list(size)
         self.size = np.asarray(size, dtype=np.int64)
         self.align = np.asarray(align, dtype=np.int64)
+        self.unit_alignment = bool((self.align == 1).all())  # no rounding of min_off needed
         times = np.unique(np.asarray(list(lower) + list(upper), dtype=np.int64))
         sl = np.searchsorted(times, np.asarray(lower, dtype=np.int64)).astype(np.int64)
         su = np.searchsorted(times, np.asarray(upper, dtype=np.int64)).astype(np.int64)
@@ -178,11 +179,22 @@ class Decider:
             self.mo[c] = _INF
             js = self.overlaps[c]
             old = self.mo[js]
-            al = self.align[js]
-            self.mo[js] = np.maximum(old, -(-top // al) * al)
+            if self.unit_alignment:
+                new = np.maximum(old, top)
+            else:
+                al = self.align[js]
+                new = np.maximum(old, -(-top // al) * al)
+            self.mo[js] = new
             a, b = self.sl[c], self.su[c]
             self.rem[a:b] -= self.size_l[c]
-            if self._check(s0, s1, off):
+            # Only sections under c or under a buffer whose min_off rose can newly fail; the
+            # monotone part (offset + rem <= cap) was settled by ``limit`` above.
+            raised = js[new > old]
+            if raised.size:
+                a2, b2 = max(s0, min(a, int(self.sl_np[raised].min()))), min(s1, max(b, int(self.su_np[raised].max())))
+            else:
+                a2, b2 = max(s0, a), min(s1, b)
+            if self._check(a2, b2):
                 found = self._decompose(part, s0, s1, off, r, c)
             else:
                 found = False
@@ -197,11 +209,12 @@ class Decider:
                 return False
         return False
 
-    def _check(self, s0: int, s1: int, off: int) -> bool:
+    def _check(self, s0: int, s1: int) -> bool:
+        """Cross-section bound on sections ``[s0, s1)``: the unplaced buffers of a section stack
+        from the lowest min_off among them, so that plus their total size must fit the capacity."""
         cap = self.capacity
         floor = self.mo[self.secmem[s0:s1]].min(axis=1)  # _INF where nothing is left to place
         np.minimum(floor, cap, out=floor)
-        np.maximum(floor, off, out=floor)
         floor += self.rem[s0:s1]
         return int(floor.max()) <= cap
 

@@ -1,0 +1,104 @@
+"""Placement benchmark: every algorithm on minimalloc's challenging inputs and on random instances.
+
+    python benchmarks/placement.py                      # shared inputs A-F + random, 60 s limit
+    python benchmarks/placement.py --time-limit 10 --random 5 --only A F
+    python benchmarks/placement.py --data DIR           # another folder of minimalloc CSVs
+
+Each row: the instance, the algorithm, the capacity it was given, the arena (bytes) over the lower bound (peak live bytes), the
+seconds until the returned plan was found and in total, and whether the search proved optimality.
+Every plan is checked with the brute-force validator; a failure aborts the run. The capacity is the
+number in the file name (minimalloc's convention), else 2x the peak of live bytes; greedy runs get
+unbounded room so that their arena shows (at 1 MiB they leave buffers unplaced on A-F).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tabulate import tabulate
+
+from lightning_memplan.placement import ALGORITHMS, Buffer, Plan, get_algorithm, peak_live, read_csv, validate
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared/data/minimalloc"
+
+
+def random_instance(seed: int, n: int) -> list[Buffer]:
+    """``n`` buffers over 4n time steps; sizes 1 KiB..64 KiB in 1 KiB steps (seeded)."""
+    rng = np.random.default_rng(seed)
+    lower = rng.integers(0, 4 * n, n)
+    length = rng.integers(1, max(2, n // 2), n)
+    size = rng.integers(1, 65, n) * 1024
+    return [Buffer(id=i, lower=int(lower[i]), upper=int(lower[i] + length[i]), size=int(size[i])) for i in range(n)]
+
+
+def capacity_of(path: Path, buffers: list[Buffer] | tuple[Buffer, ...]) -> int:
+    parts = path.name.split(".")
+    return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else 2 * peak_live(buffers)[0]
+
+
+def run_one(name: str, buffers: list[Buffer] | tuple[Buffer, ...], capacity: int, algorithm: str, limit: float) -> list[object]:
+    """One row. The search gets ``capacity``; a greedy gets unbounded room, to show the arena it needs."""
+    unbounded = algorithm != "search"
+    if unbounded:
+        capacity = sum(b.size + b.alignment for b in buffers)
+    started = time.perf_counter()
+    plan: Plan = get_algorithm(algorithm)(buffers, capacity, time_limit=limit)
+    total = time.perf_counter() - started
+    verdict = validate(plan)
+    if not verdict and not (verdict.failure.value == "unplaced"):
+        raise SystemExit(f"{name} {algorithm}: INVALID plan: {verdict.message}")
+    live = peak_live(buffers)[0]
+    arena = plan.arena[0] if plan.feasible else None
+    status = "optimal" if plan.optimal else "time limit" if plan.timed_out else ""
+    if not plan.feasible:
+        status = f"{len(plan.unplaced)} unplaced" + (" (time limit)" if plan.timed_out else "")
+    return [
+        name,
+        len(buffers),
+        algorithm,
+        "unbounded" if unbounded else capacity,
+        arena if arena is not None else "-",
+        live,
+        f"{arena / live:.4f}" if arena is not None and live else "-",
+        f"{plan.seconds_to_best:.3f}",
+        f"{total:.3f}",
+        status,
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DATA, help=f"folder of minimalloc CSVs (default {DATA})")
+    parser.add_argument("--only", nargs="*", default=None, help="file name prefixes to keep, e.g. A F")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per search (default 60)")
+    parser.add_argument("--random", type=int, default=3, help="random instances per size (default 3)")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[50, 500], help="random instance sizes")
+    parser.add_argument("--algorithms", nargs="*", default=list(ALGORITHMS), choices=list(ALGORITHMS))
+    args = parser.parse_args(argv)
+
+    rows: list[list[object]] = []
+    files = sorted(args.data.glob("*.csv"))
+    if args.only:
+        files = [f for f in files if any(f.name.startswith(p) for p in args.only)]
+    for path in files:
+        buffers = read_csv(path)
+        for algorithm in args.algorithms:
+            rows.append(run_one(path.name, buffers, capacity_of(path, buffers), algorithm, args.time_limit))
+            print(" | ".join(str(x) for x in rows[-1]), file=sys.stderr, flush=True)
+    for n in args.sizes:
+        for seed in range(args.random):
+            buffers = random_instance(seed, n)
+            capacity = 2 * peak_live(buffers)[0]
+            for algorithm in args.algorithms:
+                rows.append(run_one(f"random n={n} seed={seed}", buffers, capacity, algorithm, args.time_limit))
+                print(" | ".join(str(x) for x in rows[-1]), file=sys.stderr, flush=True)
+    headers = ["instance", "buffers", "algorithm", "capacity B", "arena B", "live peak B", "arena/live", "s to best", "s total", "status"]
+    print(tabulate(rows, headers=headers, disable_numparse=True, colalign=("left", "right", "left", "right", "right", "right", "right", "right", "right", "left")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
