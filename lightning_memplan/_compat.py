@@ -295,3 +295,27 @@ def torch_fx_peak_estimate(fw_graph: torch.fx.Graph, bw_graph: torch.fx.Graph) -
     finally:
         me.device_filter = orig
     return int(max(max(fwd), baseline + max(bwd)) - fwd[0])
+
+
+# --------------------------------------------------------------------------- tensors and pytrees
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of ``t``'s storage (stable while the storage is alive; FakeTensors included)."""
+    return int(t.untyped_storage()._cdata)
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    return require("torch.utils._pytree", "tree_map")(fn, tree)
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    return list(require("torch.utils._pytree", "tree_leaves")(tree))
+
+
+def dispatch_mode_base() -> type:
+    """``torch.utils._python_dispatch.TorchDispatchMode``."""
+    return require("torch.utils._python_dispatch", "TorchDispatchMode")
+
+
+def storage_weak_ref(storage: Any) -> Any:
+    """A weak reference to an untyped storage with ``expired()``."""
+    return require("torch.multiprocessing.reductions", "StorageWeakRef")(storage)

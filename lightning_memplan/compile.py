@@ -15,6 +15,10 @@ FX-graph cache entry made under another budget is reused. Nothing stays changed 
 Regions: dynamo calls the backend once per compiled region (a graph break makes several); each call
 appends one :class:`RegionCapture` to ``backend.regions``, in call order.
 
+Recompile limit: dynamo keeps at most ``torch._dynamo.config.recompile_limit`` compiled versions per
+code object, then runs eagerly without calling any backend; every ``memplan_backend`` is a new backend,
+so compile a fresh function per plan (as :func:`lightning_memplan.forecast` does) or reset dynamo.
+
 Faults: recording never breaks compilation. Anything that goes wrong while capturing lands in
 ``RegionCapture.errors`` and ``MemplanBackend.errors``, and the compiled code is returned as usual.
 """
@@ -29,7 +33,6 @@ from typing import Any, Literal
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from lightning_memplan import _compat
 
@@ -217,7 +220,7 @@ def node_flops(node: fx.Node) -> int:
         return a.meta.get("val") if isinstance(a, fx.Node) else a
 
     try:
-        args, kwargs = pytree.tree_map(unwrap, (node.args, node.kwargs))
+        args, kwargs = _compat.tree_map(unwrap, (node.args, node.kwargs))
         return max(int(formula(*args, **kwargs, out_val=node.meta.get("val"))), 1)
     except Exception:  # noqa: BLE001 - an unusual signature must not break the partitioner
         return 1

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from lightning_memplan._compat import concrete_int
+from lightning_memplan._compat import concrete_int, storage_key
 
 __all__ = [
     "GraphStorages",
@@ -54,10 +54,6 @@ def _tensors(val: object) -> list[torch.Tensor]:
     if isinstance(val, dict):
         return [t for v in val.values() for t in _tensors(v)]
     return []
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    return int(t.untyped_storage()._cdata)
 
 
 class GraphStorages:
@@ -87,7 +83,7 @@ class GraphStorages:
         for node in self.nodes:
             keys: list[int] = []
             for t in _tensors(node.meta.get("val")):
-                key = _storage_key(t)
+                key = storage_key(t)
                 if key not in keys:
                     keys.append(key)
                 if key not in self.nbytes:

@@ -118,7 +118,7 @@ class Forecast:
     breakdown: MemoryBreakdown | None
     regions: tuple[RegionForecast, ...]
     #: Bytes above the baseline at every step of the predicted schedule, in execution order.
-    timeline: tuple[TimelineStep, ...]
+    timeline: tuple[TimelineStep, ...] = field(repr=False)
     budget: float
     solver: str
     backend: str
@@ -147,7 +147,7 @@ def _unique_bytes(tensors: Sequence[torch.Tensor], seen: set[int]) -> int:
     total = 0
     for t in tensors:
         st = t.untyped_storage()
-        key = int(st._cdata)
+        key = _compat.storage_key(t)
         if key not in seen:
             seen.add(key)
             total += int(st.nbytes())

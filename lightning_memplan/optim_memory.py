@@ -11,13 +11,11 @@ All sizes are bytes; CPU scalar tensors (Adam's ``step``) are counted like any o
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_memplan import _compat
 
@@ -38,48 +36,54 @@ class OptimizerMemory:
     problem: str = ""
 
 
-class _AllocTracker(TorchDispatchMode):
-    """Counts bytes of storages created by ops inside it, until each storage dies."""
+@functools.lru_cache(maxsize=None)
+def _tracker_class() -> type:
+    base = _compat.dispatch_mode_base()
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.current = 0
-        self.peak = 0
+    class _AllocTracker(base):  # type: ignore[misc, valid-type]
+        """Counts bytes of storages created by ops inside it, until each storage dies."""
 
-    def _sweep(self) -> None:
-        for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
-            self.current -= self._live.pop(key)[1]
+        def __init__(self) -> None:
+            super().__init__()
+            self._live: dict[int, tuple[Any, int]] = {}
+            self.current = 0
+            self.peak = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self._sweep()
-        seen = {int(t.untyped_storage()._cdata) for t in pytree.tree_leaves((args, kwargs))
-                if isinstance(t, torch.Tensor)}
-        out = func(*args, **(kwargs or {}))
-        for t in pytree.tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
-            st = t.untyped_storage()
-            key = int(st._cdata)
-            if key in seen or key in self._live:
-                continue
-            nbytes = int(st.nbytes())
-            self._live[key] = (StorageWeakRef(st), nbytes)
-            self.current += nbytes
-        self.peak = max(self.peak, self.current)
-        return out
+        def _sweep(self) -> None:
+            for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
+                self.current -= self._live.pop(key)[1]
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self._sweep()
+            seen = {_compat.storage_key(t) for t in _compat.tree_leaves((args, kwargs))
+                    if isinstance(t, torch.Tensor)}
+            out = func(*args, **(kwargs or {}))
+            for t in _compat.tree_leaves(out):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                key = _compat.storage_key(t)
+                if key in seen or key in self._live:
+                    continue
+                st = t.untyped_storage()
+                nbytes = int(st.nbytes())
+                self._live[key] = (_compat.storage_weak_ref(st), nbytes)
+                self.current += nbytes
+            self.peak = max(self.peak, self.current)
+            return out
+
+    return _AllocTracker
 
 
 def _unique_bytes(tensors: list[torch.Tensor]) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
         st = t.untyped_storage()
-        seen[int(st._cdata)] = int(st.nbytes())
+        seen[_compat.storage_key(t)] = int(st.nbytes())
     return sum(seen.values())
 
 
 def _state_tensors(state: Any) -> list[torch.Tensor]:
-    return [t for s in state.values() for t in pytree.tree_leaves(s) if isinstance(t, torch.Tensor)]
+    return [t for s in state.values() for t in _compat.tree_leaves(s) if isinstance(t, torch.Tensor)]
 
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
@@ -118,7 +122,7 @@ def optimizer_memory(optimizer: torch.optim.Optimizer) -> OptimizerMemory:
         else:
             clone.step()  # creates the state, as the first real step will
         state_bytes = _unique_bytes(existing) if has_state else _unique_bytes(_state_tensors(clone.state))
-        with _AllocTracker() as tracker:
+        with _tracker_class()() as tracker:
             clone.step()
             clone.zero_grad(set_to_none=True)
         return OptimizerMemory(state_bytes=state_bytes, step_peak_bytes=tracker.peak,

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
+from lightning_memplan import _compat
 from lightning_memplan.measure import PeakWindow
 
 __all__ = ["PROBED_OPS", "probe_workspace"]
@@ -63,14 +63,14 @@ def _real(value: object) -> object:
 
 
 def _run_probe(target: Any, args: Any, kwargs: Any) -> int:
-    real_args, real_kwargs = pytree.tree_map(_real, (args, kwargs))
+    real_args, real_kwargs = _compat.tree_map(_real, (args, kwargs))
     outs: list[Any] = []
-    device = next((t.device for t in pytree.tree_leaves((real_args, real_kwargs))
+    device = next((t.device for t in _compat.tree_leaves((real_args, real_kwargs))
                    if isinstance(t, torch.Tensor)), torch.device("cpu"))
     with torch.no_grad(), PeakWindow(device) as window:
         outs.append(target(*real_args, **real_kwargs))
-    out_bytes = sum({int(t.untyped_storage()._cdata): int(t.untyped_storage().nbytes())
-                     for t in pytree.tree_leaves(outs) if isinstance(t, torch.Tensor)}.values())
+    out_bytes = sum({_compat.storage_key(t): int(t.untyped_storage().nbytes())
+                     for t in _compat.tree_leaves(outs) if isinstance(t, torch.Tensor)}.values())
     return max(window.peak_bytes - out_bytes, 0)
 
 
@@ -110,7 +110,7 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
         return a.meta.get("val") if isinstance(a, fx.Node) else a
 
     try:
-        args, kwargs = pytree.tree_map(unwrap, (node.args, node.kwargs))
+        args, kwargs = _compat.tree_map(unwrap, (node.args, node.kwargs))
         key = (node.target, _signature(args), _signature(kwargs))
         return _probe_cached(node.target, _Frozen((args, kwargs), key))
     except Exception:  # noqa: BLE001 - an unprobeable op counts no workspace
