@@ -83,4 +83,4 @@ def arena_estimate(graph: fx.Graph, *, devices: Collection[str] | None = None) -
     if not bufs:
         return ArenaEstimate(live_peak_bytes=0, arena_bytes=0, buffers=0)
     plan = greedy_by_size(bufs, max(live, 1) * 4 + sum(b.size for b in bufs))
-    return ArenaEstimate(live_peak_bytes=live, arena_bytes=max(plan.arena.values()), buffers=len(bufs))
+    return ArenaEstimate(live_peak_bytes=live, arena_bytes=plan.total_arena, buffers=len(bufs))
