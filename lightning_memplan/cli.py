@@ -26,15 +26,10 @@ def _build_parser() -> argparse.ArgumentParser:
     else:
         _place_cli.register(sub)
 
-    demo = sub.add_parser("demo", help="the main job: for now, the solver benchmark in its quick mode")
-    demo.set_defaults(func=_run_demo)
+    from lightning_memplan.demo import _cli as _demo_cli
+
+    _demo_cli.register(sub)
     return parser
-
-
-def _run_demo(args: argparse.Namespace) -> int:
-    from lightning_memplan.bench import _cli as _bench_cli
-
-    return _bench_cli.run(_bench_cli.quick_args())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,77 @@
+"""``memplan demo`` end to end in a small configuration, plus its model, data and flag checks."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_memplan.cli import main
+from lightning_memplan.demo import GPT, GPTConfig, load_corpus, make_dataloader
+from lightning_memplan.demo.data import CharDataset, CharTokenizer
+
+
+def test_corpus_ships_with_the_package_and_round_trips() -> None:
+    text = load_corpus()
+    assert len(text) > 15_000
+    tok = CharTokenizer.from_text(text)
+    assert tok.decode(tok.encode(text[:500])) == text[:500]
+
+
+def test_dataset_windows_shift_targets_by_one() -> None:
+    ids = torch.arange(21)
+    ds = CharDataset(ids, block_size=5)
+    assert len(ds) == 4
+    x, y = ds[1]
+    assert x.tolist() == [5, 6, 7, 8, 9] and y.tolist() == [6, 7, 8, 9, 10]
+    with pytest.raises(ValueError, match="block_size=50"):
+        CharDataset(ids, block_size=50)
+
+
+def test_model_shapes_and_config_errors() -> None:
+    loader, tok = make_dataloader(16, 4)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=8))
+    x, y = next(iter(loader))
+    assert model(x).shape == (4, 16, tok.vocab_size)
+    with pytest.raises(ValueError, match="n_embd must be a multiple of n_head"):
+        GPTConfig(vocab_size=10, n_head=3, n_embd=8)
+    with pytest.raises(ValueError, match=r"n_layer=0"):
+        GPTConfig(vocab_size=10, n_layer=0)
+    with pytest.raises(ValueError, match="'huge'"):
+        GPT.from_size("huge", 10)  # type: ignore[arg-type]
+
+
+def test_demo_cli_trains_plans_reports_and_draws(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["demo", "--epochs", "2", "--batches", "3", "--candidate-budgets", "1.0",
+               "--no-progress-bar", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "Candidate plans" in out and "chosen" in out
+    assert "predicted peak" in out and "measured peak" in out
+    log_dir = next((tmp_path / "demo").glob("version_*"))
+    rows = [r for r in csv.DictReader(open(log_dir / "metrics.csv")) if r.get("memplan/budget")]
+    assert len(rows) == 2  # one per epoch
+    for r in rows:
+        assert float(r["memplan/predicted_peak_bytes"]) > 0
+        assert float(r["memplan/measured_peak_bytes"]) > 0
+    for name in ("frontier.png", "timeline.png"):
+        png = log_dir / "memplan" / name
+        assert png.read_bytes()[:4] == b"\x89PNG"
+        assert str(png) in out  # the demo says where its pictures are
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--budget", "1.5"], "--budget"),
+    (["--solver", "nope"], "--solver"),
+    (["--model-size", "huge"], "--model-size"),
+])
+def test_demo_cli_rejects_bad_flags(argv: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", *argv])
+    assert match in capsys.readouterr().err
+
+
+def test_demo_reports_a_bad_max_memory_by_name() -> None:
+    with pytest.raises(SystemExit, match="max_memory"):
+        main(["demo", "--max-memory", "lots", "--no-progress-bar"])
