@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Plans side by side on a GPT-style model: torch's budgets, full block checkpointing, and ours.
+
+    python benchmarks/plans.py                       # CPU default: ~5-10 min on 2 cores
+    python benchmarks/plans.py --layers 4 --dim 128 --seq 128 --batch 8 --backend aot_eager
+
+Every row compiles one training step (forward, cross-entropy, backward, AdamW step, zero_grad)
+with ``lightning_memplan.forecast`` under one plan, runs warm-up steps, then measures the peak of
+one step with ``measure_peak`` (CPU profiler / CUDA allocator) and the median time of ``--steps``
+steps. Plans: torch's ``activation_memory_budget`` alone at 1.0/0.7/0.5/0.3/0.1; every block
+wrapped in ``torch.utils.checkpoint`` (budget 1.0); every second block; and ``auto`` (what
+``MemPlanCallback(budget="auto")`` decides: the knee of the forecast Pareto front over budgets x
+checkpoint sets). Columns ``saving`` and ``slowdown`` are relative to budget 1.0; ``% of full
+ckpt`` divides them by full checkpointing's. The issue's target for ``auto``: >= 70% of full
+checkpointing's saving at <= 40% of its slowdown. Also printed: the time the ``auto`` decision
+took against one compile of the chosen plan (the first step of its row).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tabulate import tabulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forecast import GPT  # noqa: E402  (the forecast benchmark's model)
+
+from lightning_memplan import forecast, measure_peak  # noqa: E402
+from lightning_memplan.checkpointing import checkpoint_candidates, checkpointed, repeated_blocks  # noqa: E402
+from lightning_memplan.planner import PlanSettings, decide_plan  # noqa: E402
+from lightning_memplan.units import format_bytes  # noqa: E402
+
+
+def _run(model: torch.nn.Module, idx: torch.Tensor, tgt: torch.Tensor, budget: float, ckpt: tuple[str, ...],
+         backend: str, steps: int) -> tuple[int, float, float, int | None]:
+    """(measured peak bytes, median step seconds, first-step seconds, predicted peak bytes)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    vocab = model.head.out_features
+
+    def loss_fn(logits: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.view(-1, vocab), tgt.view(-1))
+
+    with checkpointed(model, ckpt):
+        t0 = time.perf_counter()
+        fc = forecast(model, (idx,), budget=budget, backend=backend, loss_fn=loss_fn, optimizer=opt)
+        fc.step()
+        first = time.perf_counter() - t0
+        fc.step()
+        peak = measure_peak(fc.step)
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            fc.step()
+            if idx.is_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+    return peak, statistics.median(times), first, fc.peak_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
+    p.add_argument("--steps", type=int, default=3, help="timed steps per plan (median)")
+    a = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    model = GPT(vocab=a.vocab, dim=a.dim, heads=a.heads, layers=a.layers, seq=a.seq).to(dev)
+    idx = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
+    tgt = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
+    blocks = repeated_blocks(model)
+    print(f"GPT layers={a.layers} dim={a.dim} seq={a.seq} batch={a.batch} on {dev}, backend {a.backend}; "
+          f"blocks: {len(blocks)}", flush=True)
+
+    t0 = time.perf_counter()
+    settings = PlanSettings.from_args("benchmark", budget="auto", backend=a.backend, checkpoint="auto")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    auto = decide_plan(settings, model, model.forward, (idx,), {}, opt, call="benchmark")
+    decide_s = time.perf_counter() - t0
+    print(f"auto: budget {auto.budget:g}, {len(auto.checkpoint)} blocks checkpointed "
+          f"({len(auto.candidates)} candidates, {decide_s:.1f} s)", flush=True)
+
+    sets = checkpoint_candidates(blocks)
+    plans: list[tuple[str, float, tuple[str, ...]]] = [
+        (f"torch budget {b:g}", b, ()) for b in (1.0, 0.7, 0.5, 0.3, 0.1)
+    ] + [("every 2nd block ckpt", 1.0, sets[1] if len(sets) > 2 else ()),
+         ("full block ckpt", 1.0, tuple(blocks)),
+         (f"auto (budget {auto.budget:g}, {len(auto.checkpoint)} ckpt)", auto.budget, auto.checkpoint)]
+    results = []
+    for label, budget, ckpt in plans:
+        peak, step, first, predicted = _run(model, idx, tgt, budget, ckpt, a.backend, a.steps)
+        results.append((label, peak, step, first, predicted))
+        print(f"  {label}: peak {format_bytes(peak)}, step {step:.3f} s", flush=True)
+
+    base_peak, base_time = results[0][1], results[0][2]
+    full = next(r for r in results if r[0] == "full block ckpt")
+    full_saving, full_slow = base_peak - full[1], full[2] / base_time - 1
+    rows = []
+    for label, peak, step, first, predicted in results:
+        saving, slow = base_peak - peak, step / base_time - 1
+        rows.append([
+            label, format_bytes(peak), format_bytes(predicted), f"{step:.3f}", format_bytes(saving),
+            f"{100 * saving / full_saving:.0f}%" if full_saving > 0 else "-", f"{100 * slow:+.1f}%",
+            f"{100 * slow / full_slow:.0f}%" if full_slow > 0 else "-",
+        ])
+    print()
+    print(tabulate(rows, headers=["plan", "measured peak", "forecast", "step s", "saving",
+                                  "% of full ckpt saving", "slowdown", "% of full ckpt slowdown"],
+                   tablefmt="github"))
+    auto_first = results[-1][3]
+    print(f"\nauto decision {decide_s:.1f} s vs one compile+step of the chosen plan {auto_first:.1f} s "
+          f"(ratio {decide_s / auto_first:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
