@@ -7,39 +7,68 @@ sits exactly on the highest top among the earlier ones it overlaps in time. So t
 chooses an *order*: the next buffer goes to its lowest offset (``min_off``, the highest aligned top of
 the placed buffers it overlaps), and offsets never decrease along a branch. Pruning:
 
-- cross sections: time is cut into sections where the set of live buffers is constant; in every
-  section the unplaced buffers must stack above ``max(current offset, lowest min_off among them)``,
-  so that plus their total size must stay within ``capacity``;
+- cross sections: time is cut into sections (maximal sets of buffers live together, one per time a
+  buffer dies); in every section the unplaced buffers must stack above ``max(current offset, lowest
+  min_off among them)``, so that plus their total size must stay within ``capacity``;
 - dominance: a buffer whose ``min_off`` is at or above the lowest possible top of another unplaced
   buffer is not tried, since that other buffer fits in the gap below it;
+- "hatless" buffers: when the buffer just tried overlaps no unplaced buffer, it comes first in every
+  completion, so the other choices at that node fail as well;
 - decomposition: once no unplaced buffer spans the boundary between two sections, the two sides are
-  independent and solved one after the other (a failure of one side fails the branch at once);
-- several static orders (by section total, area, lifetime width) are tried round robin under a
-  doubling node limit, so that one unlucky order does not sink the search.
+  independent and solved one after the other, each from offset 0 with its own static order (a
+  failure of one side fails the branch at once);
+- several static orders (by lifetime width, area, section total, descending) are tried round robin
+  under a doubling node limit, so that one unlucky order does not sink the search.
 
-Units: bytes and (compressed) time sections; lifetimes half-open. Internal module: the public entry
-point is :func:`lightning_memplan.placement.search.exact_search`.
+The search itself runs compiled (:mod:`lightning_memplan.placement._kernels`) on an explicit
+stack, in slices of a few thousand nodes between which the deadline is checked.
+
+Units: bytes and sections; lifetimes half-open. Internal module: the public entry point is
+:func:`lightning_memplan.placement.search.exact_search`.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
 
-_INF = np.iinfo(np.int64).max // 4
+from lightning_memplan.placement import _kernels as K
 
 
 class Timeout(Exception):
     """The deadline passed during the search."""
 
 
-class _NodeLimit(Exception):
-    """The node budget of one round-robin attempt ran out."""
-
-
 HEURISTICS = ("WAT", "TAW", "TWA")
 """Static orders tried round robin: by lifetime Width, Area, section Total (descending)."""
+
+_SLICE = 4096
+"""Nodes per compiled call; the deadline is checked between calls (a few milliseconds apart)."""
+
+
+def sweep(lower: list[int], upper: list[int]) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    """MiniMalloc's cross sections: walking through time (deaths before births at equal times), the
+    set of live buffers is recorded just before the first death at each time. Returns per buffer the
+    half-open range of sections ``[sl, su)`` it belongs to, and the members of every section."""
+    n = len(lower)
+    events = sorted([(upper[i], 0, i) for i in range(n)] + [(lower[i], 1, i) for i in range(n)])
+    active: set[int] = set()
+    sections: list[list[int]] = []
+    start = [0] * n
+    sl = np.zeros(n, dtype=np.int64)
+    su = np.zeros(n, dtype=np.int64)
+    last = events[0][0] if events else 0
+    for t, kind, i in events:
+        if kind == 0:
+            if last < t:
+                last = t
+                sections.append(sorted(active))
+            active.discard(i)
+            sl[i], su[i] = start[i], len(sections)
+        else:
+            active.add(i)
+            start[i] = len(sections)
+    return sl, su, sections
 
 
 class Decider:
@@ -53,50 +82,50 @@ class Decider:
         align: list[int],
         heuristics: tuple[str, ...] = HEURISTICS,
     ) -> None:
-        """Precompute sections, overlaps and static orders (sizes > 0 bytes, ``lower < upper``)."""
+        """Precompute sections, overlaps and pools (sizes > 0 bytes, ``lower < upper``)."""
         n = len(size)
         self.n = n
-        self.size_l = list(size)
-        self.size = np.asarray(size, dtype=np.int64)
-        self.align = np.asarray(align, dtype=np.int64)
-        self.unit_alignment = bool((self.align == 1).all())  # no rounding of min_off needed
-        times = np.unique(np.asarray(list(lower) + list(upper), dtype=np.int64))
-        sl = np.searchsorted(times, np.asarray(lower, dtype=np.int64)).astype(np.int64)
-        su = np.searchsorted(times, np.asarray(upper, dtype=np.int64)).astype(np.int64)
-        self.nsec = max(len(times) - 1, 1)
-        self.sl, self.su = [int(x) for x in sl], [int(x) for x in su]
-        self.sl_np, self.su_np = sl, su
-        diff = np.zeros(self.nsec + 1, dtype=np.int64)
-        np.add.at(diff, sl, self.size)
-        np.add.at(diff, su, -self.size)
-        self.total0 = np.cumsum(diff)[: self.nsec]
-        members: list[list[int]] = [[] for _ in range(self.nsec)]
-        for i in range(n):
-            for s in range(self.sl[i], self.su[i]):
-                members[s].append(i)
-        width_max = max((len(m) for m in members), default=1) or 1
-        secmem = np.full((self.nsec, width_max), n, dtype=np.int64)  # n: sentinel, min_off _INF
-        for s, m in enumerate(members):
-            secmem[s, : len(m)] = m
-        self.secmem = secmem
-        ov = (sl[:, None] < su[None, :]) & (sl[None, :] < su[:, None])
-        np.fill_diagonal(ov, False)
-        self.overlaps = [np.flatnonzero(ov[i]) for i in range(n)]
-        cdiff = np.zeros(self.nsec + 1, dtype=np.int64)  # cuts[s]: buffers spanning sections s, s+1
-        np.add.at(cdiff, sl, 1)
-        np.add.at(cdiff, su - 1, -1)
-        self.cuts0 = np.cumsum(cdiff)[: self.nsec]
-        area = [size[i] * (upper[i] - lower[i]) for i in range(n)]
-        width = [upper[i] - lower[i] for i in range(n)]
-        total = [int(self.total0[self.sl[i] : self.su[i]].max()) for i in range(n)]
-        keys = {"A": area, "W": width, "T": total, "Z": list(size)}
-        self.preorders = []
-        for h in heuristics:
-            order = sorted(range(n), key=lambda i: tuple(-keys[c][i] for c in h) + (i,))
-            rank = np.empty(n, dtype=np.int64)
-            rank[np.asarray(order, dtype=np.int64)] = np.arange(n)
-            self.preorders.append(rank)
         self.nodes = 0
+        i64 = np.int64
+        self.size = np.asarray(size, dtype=i64).reshape(n)
+        self.align = np.asarray(align, dtype=i64).reshape(n)
+        self.unit_alignment = bool((self.align == 1).all())
+        lo = np.asarray(lower, dtype=i64).reshape(n)
+        up = np.asarray(upper, dtype=i64).reshape(n)
+        self.width = up - lo
+        self.area = self.size * self.width
+        self.sl, self.su, sections = sweep([int(x) for x in lower], [int(x) for x in upper])
+        self.nsec = max(len(sections), 1)
+        self.secp = np.zeros(self.nsec + 1, dtype=i64)
+        self.secp[1 : len(sections) + 1] = np.cumsum([len(m) for m in sections]) if sections else 0
+        self.seci = np.asarray([b for m in sections for b in m], dtype=i64)
+        self.total0 = np.zeros(self.nsec, dtype=i64)
+        for s, m in enumerate(sections):
+            self.total0[s] = int(self.size[m].sum()) if m else 0
+        self.cuts0 = np.zeros(self.nsec, dtype=i64)  # buffers spanning sections s and s + 1
+        for i in range(n):
+            self.cuts0[self.sl[i] : self.su[i] - 1] += 1
+        ovp, ovi = [0], []
+        for i in range(n):
+            js = np.flatnonzero((lo < up[i]) & (lo[i] < up))
+            ovi.extend(int(j) for j in js if j != i)
+            ovp.append(len(ovi))
+        self.ovp = np.asarray(ovp, dtype=i64)
+        self.ovi = np.asarray(ovi, dtype=i64)
+        self.heuristics = [np.asarray([K.KEYS[c] for c in h], dtype=i64) for h in heuristics]
+        # Search state (reused by every attempt).
+        self.st = np.zeros(K.ST_LEN, dtype=i64)
+        self.frames = np.zeros((n + 2, K.NF), dtype=i64)
+        self.decs = np.zeros((n + 2, K.ND), dtype=i64)
+        self.parts = np.zeros((max(4 * n, self.nsec) + 16, K.NP), dtype=i64)
+        self.pool = np.zeros(4 * n + 16, dtype=i64)
+        self.cand = np.zeros(4 * n + 16, dtype=i64)
+        self.mo = np.zeros(n, dtype=i64)
+        self.rem = np.zeros(self.nsec, dtype=i64)
+        self.cuts = np.zeros(self.nsec, dtype=i64)
+        self.solution = np.zeros(n, dtype=i64)
+        self.ulog_i = np.zeros(len(ovi) + 1, dtype=i64)
+        self.ulog_v = np.zeros(len(ovi) + 1, dtype=i64)
 
     # ------------------------------------------------------------------ search
     def solve(self, capacity: int, deadline: float) -> list[int] | None:
@@ -108,132 +137,41 @@ class Decider:
             return []
         if int(self.total0.max()) > capacity or int(self.size.max()) > capacity:
             return None
-        self.capacity = capacity
-        self.deadline = deadline
         limit = self.n
-        old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, 20 * self.n + 1000))
-        try:
-            while True:
-                limit *= 2
-                for rank in self.preorders:
-                    self.rank = rank
-                    self.remaining = limit
-                    try:
-                        return self._solve_all()
-                    except _NodeLimit:
-                        continue
-        finally:
-            sys.setrecursionlimit(old)
+        while True:
+            limit *= 2
+            for heur in self.heuristics:
+                status = self._attempt(capacity, heur, limit, deadline)
+                if status == K.FOUND:
+                    return [int(x) for x in self.solution]
+                if status == K.INFEASIBLE:
+                    return None
 
-    def _solve_all(self) -> list[int] | None:
-        """One complete attempt with the current static order (may raise the node limit)."""
-        self.mo = np.zeros(self.n + 1, dtype=np.int64)  # min_off; _INF once placed (and at n)
-        self.mo[self.n] = _INF
-        self.rem = self.total0.copy()
-        self.cuts = self.cuts0.copy()
-        self.solution = [0] * self.n
-        self.offset = [0] * self.n
-        bounds = [0] + [s + 1 for s in np.flatnonzero(self.cuts[:-1] == 0)] + [self.nsec]
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            part = np.flatnonzero((self.sl_np < b) & (self.su_np > a))
-            if part.size and not self._subsolve(part, a, b):
-                return None
-        return list(self.solution)
-
-    def _subsolve(self, part: np.ndarray, s0: int, s1: int) -> bool:
-        """Solve the buffers ``part`` confined to sections ``[s0, s1)`` from offset 0 upward."""
-        return self._search(part, s0, s1, 0, -1)
-
-    def _search(self, part: np.ndarray, s0: int, s1: int, cur: int, last: int) -> bool:
-        self.remaining -= 1
-        if self.remaining < 0:
-            raise _NodeLimit
-        self.nodes += 1
-        if time.perf_counter() > self.deadline:
-            raise Timeout
-        mo = self.mo[part]
-        live = mo < _INF
-        if not live.any():
-            for i in part:
-                self.solution[i] = self.offset[i]
-            return True
-        p, m = part[live], mo[live]
-        height = int((m + self.size[p]).min())
-        rk = self.rank[p]
-        # Every section still to fill must stack from at least the new offset: offset + rem <= cap.
-        limit = min(height, self.capacity - int(self.rem[s0:s1].max()) + 1)
-        ok = (m < limit) & ((m > cur) | ((m == cur) & (rk > last)))
-        if not ok.any():
-            return False
-        cp, cm, cr = p[ok], m[ok], rk[ok]
-        order = np.lexsort((cr, cm))
-        cap = self.capacity
-        for k in order:
-            c, off, r = int(cp[k]), int(cm[k]), int(cr[k])
-            top = off + self.size_l[c]
-            if top > cap:
+    def _attempt(self, capacity: int, heur: np.ndarray, limit: int, deadline: float) -> int:
+        """One attempt with a static order under a node limit: FOUND, INFEASIBLE or BUDGET."""
+        K.reset(
+            self.st, self.frames, self.parts, self.decs, self.pool, self.mo, self.rem, self.cuts, self.solution,
+            self.total0, self.cuts0, heur, self.width, self.area, self.size, self.sl, self.su, self.nsec,
+        )
+        remaining = limit
+        while remaining > 0:
+            if time.perf_counter() > deadline:
+                raise Timeout
+            status, used = K.run(
+                min(_SLICE, remaining), capacity, self.unit_alignment,
+                self.st, self.frames, self.parts, self.decs, self.pool, self.cand, self.mo, self.rem, self.cuts,
+                self.solution, self.ulog_i, self.ulog_v,
+                heur, self.width, self.area, self.size, self.align, self.sl, self.su,
+                self.ovp, self.ovi, self.secp, self.seci,
+            )
+            remaining -= used
+            self.nodes += used
+            if status == K.GROW:
+                need = self.n + 16
+                self.parts = K.grown(self.parts, int(self.st[4]) + need)
+                self.pool = K.grown(self.pool, int(self.st[5]) + need)
+                self.cand = K.grown(self.cand, int(self.st[3]) + need)
                 continue
-            # place c
-            self.offset[c] = off
-            self.mo[c] = _INF
-            js = self.overlaps[c]
-            old = self.mo[js]
-            if self.unit_alignment:
-                new = np.maximum(old, top)
-            else:
-                al = self.align[js]
-                new = np.maximum(old, -(-top // al) * al)
-            self.mo[js] = new
-            a, b = self.sl[c], self.su[c]
-            self.rem[a:b] -= self.size_l[c]
-            # Only sections under c or under a buffer whose min_off rose can newly fail; the
-            # monotone part (offset + rem <= cap) was settled by ``limit`` above.
-            raised = js[new > old]
-            if raised.size:
-                a2, b2 = max(s0, min(a, int(self.sl_np[raised].min()))), min(s1, max(b, int(self.su_np[raised].max())))
-            else:
-                a2, b2 = max(s0, a), min(s1, b)
-            if self._check(a2, b2):
-                found = self._decompose(part, s0, s1, off, r, c)
-            else:
-                found = False
-            self.rem[a:b] += self.size_l[c]
-            self.mo[js] = old
-            self.mo[c] = off
-            if found:
-                return True
-            if not (old < _INF).any():
-                # Nothing unplaced lies above c: it sits at min_off in every completion, so
-                # putting it first loses nothing and the other choices fail as well.
-                return False
-        return False
-
-    def _check(self, s0: int, s1: int) -> bool:
-        """Cross-section bound on sections ``[s0, s1)``: the unplaced buffers of a section stack
-        from the lowest min_off among them, so that plus their total size must fit the capacity."""
-        cap = self.capacity
-        floor = self.mo[self.secmem[s0:s1]].min(axis=1)  # _INF where nothing is left to place
-        np.minimum(floor, cap, out=floor)
-        floor += self.rem[s0:s1]
-        return int(floor.max()) <= cap
-
-    def _decompose(self, part: np.ndarray, s0: int, s1: int, off: int, r: int, c: int) -> bool:
-        self.solution[c] = off
-        a, b = self.sl[c], self.su[c]
-        seg = self.cuts[a : b - 1]
-        seg -= 1
-        zeros = np.flatnonzero(seg == 0)
-        try:
-            if zeros.size == 0:
-                return self._search(part, s0, s1, off, r)
-            bounds = [s0] + [int(z) + a + 1 for z in zeros] + [s1]
-            mo = self.mo[part]
-            rest = part[mo < _INF]
-            for x, y in zip(bounds[:-1], bounds[1:]):
-                sub = rest[(self.sl_np[rest] < y) & (self.su_np[rest] > x)]
-                if sub.size and not self._subsolve(sub, x, y):
-                    return False
-            return True
-        finally:
-            seg += 1
+            if status != K.BUDGET:
+                return status
+        return K.BUDGET
