@@ -319,3 +319,130 @@ def dispatch_mode_base() -> type:
 def storage_weak_ref(storage: Any) -> Any:
     """A weak reference to an untyped storage with ``expired()``."""
     return require("torch.multiprocessing.reductions", "StorageWeakRef")(storage)
+
+
+# --------------------------------------------------------------------------- inductor wrapper plan
+_NONFREEABLE_PREFIXES = ("primals_", "arg", "fwd_rng_state", "bwd_rng_state", "tangents")
+
+
+def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str, ...]]]:
+    """Replay the memory-planned lines of inductor's Python wrapper: bytes live after each line.
+
+    Allocations (``AllocateLine``, an extern kernel's fresh output, each output of a multi-output
+    kernel) add their storage bytes; ``ReuseLine``/``ReinterpretLine`` give a storage a second name;
+    ``FreeLine``/``FreeIfNotReusedLine`` (when not reused) drop a name, and a storage is freed when its
+    last name is gone. Graph inputs inductor may free (not primals or tangents) count from the start.
+    The last entry is what stays when the graph returns: the storages of its outputs.
+    Returns (timeline, freeable input bytes, FX origin names of each extern-kernel step).
+    """
+    w = importlib.import_module("torch._inductor.codegen.wrapper")
+    ir = importlib.import_module("torch._inductor.ir")
+    graph = require("torch._inductor.virtualized", "V").graph
+    # torch 2.13: optimization_hint; older: size_hint
+    hint = getattr(graph.sizevars, "optimization_hint", None) or graph.sizevars.size_hint
+
+    def nbytes(buf: Any) -> int:
+        layout = buf.get_output_spec() if hasattr(buf, "get_output_spec") else buf.get_layout()
+        if not isinstance(layout, ir.Layout):
+            return 0
+        return int(hint(layout.storage_size(), fallback=4096)) * layout.dtype.itemsize
+
+    names: dict[str, int] = {}
+    sizes: dict[int, int] = {}
+    refs: dict[int, set[str]] = {}
+    state = {"cur": 0, "next": 0}
+
+    def alloc(name: str, size: int) -> None:
+        sid = state["next"]
+        state["next"] += 1
+        names[name], sizes[sid], refs[sid] = sid, size, {name}
+        state["cur"] += size
+
+    def alias(new: str, old: str) -> None:
+        sid = names.get(old)
+        if sid is not None:
+            names[new] = sid
+            refs[sid].add(new)
+
+    def drop(name: str) -> None:
+        sid = names.pop(name, None)
+        if sid is not None:
+            refs[sid].discard(name)
+            if not refs[sid]:
+                state["cur"] -= sizes[sid]
+
+    freeable = 0
+    for name, inp in graph.graph_inputs.items():
+        if not hasattr(inp, "get_layout"):
+            continue
+        size = 0 if name.startswith(_NONFREEABLE_PREFIXES) else nbytes(inp)
+        freeable += size
+        alloc(name, size)
+    timeline: list[int] = [state["cur"]]
+    origins: list[tuple[str, ...]] = [()]
+    for line in wrapper.lines:
+        node = getattr(line, "node", None)
+        if isinstance(line, w.AllocateLine):
+            alloc(node.get_name(), nbytes(node))
+        elif isinstance(line, w.ReuseLine):
+            alias(line.reused_as.get_name(), node.get_name())
+            if line.delete_old:
+                drop(node.get_name())
+        elif isinstance(line, w.ReinterpretLine):
+            alias(line.reused_as.get_name(), node.get_name())
+        elif isinstance(line, w.FreeIfNotReusedLine):
+            if not line.is_reused:
+                drop(node.get_name())
+        elif isinstance(line, w.FreeLine):
+            drop(node.get_name())
+        elif isinstance(line, w.ExternKernelAllocLine):
+            aliased = list(node.get_inputs_that_alias_output())
+            if aliased:
+                alias(node.get_name(), aliased[0])
+            else:
+                alloc(node.get_name(), nbytes(node))
+        elif isinstance(line, w.MultiOutputLine):
+            alloc(line.result_name, nbytes(graph.get_buffer(line.result_name)))
+        elif not isinstance(line, w.ExternKernelOutLine):
+            continue
+        timeline.append(state["cur"])
+        is_extern = isinstance(line, (w.ExternKernelAllocLine, w.ExternKernelOutLine))
+        origins.append(tuple(sorted(o.name for o in (getattr(node, "origins", None) or ()))) if is_extern else ())
+    # frees at the very end are dropped from the lines: on return only the outputs' storages stay
+    kept = {names[n] for n in graph.get_output_names() if n in names}
+    timeline.append(sum(sizes[sid] for sid in kept))
+    origins.append(())
+    return timeline, freeable, origins
+
+
+@contextlib.contextmanager
+def probe_inductor_wrapper(
+    on_plan: Callable[[list[int], int, bool, float, list[tuple[str, ...]]], None],
+) -> Iterator[None]:
+    """Observe the allocations inductor's generated wrapper will make, after its buffer reuse.
+
+    Wraps ``PythonWrapperCodegen.memory_plan_reuse``; after it ran, replays the planned lines
+    (:func:`_replay_wrapper_lines`) and calls
+    ``on_plan(timeline_bytes, freeable_input_bytes, is_backward, seconds, origins)`` (an empty
+    timeline when the replay failed). The class attribute is restored on exit.
+    """
+    cls = require("torch._inductor.codegen.wrapper", "PythonWrapperCodegen")
+    virtualized = require("torch._inductor.virtualized", "V")
+    orig = cls.memory_plan_reuse
+
+    def memory_plan_reuse(self: Any) -> Any:
+        result = orig(self)
+        t0 = time.perf_counter()
+        is_backward = bool(getattr(virtualized.graph, "is_backward", False))
+        try:
+            timeline, freeable, origins = _replay_wrapper_lines(self)
+        except Exception:  # noqa: BLE001 - never break the compile
+            timeline, freeable, origins = [], 0, []
+        on_plan(timeline, freeable, is_backward, time.perf_counter() - t0, origins)
+        return result
+
+    cls.memory_plan_reuse = memory_plan_reuse
+    try:
+        yield
+    finally:
+        cls.memory_plan_reuse = orig

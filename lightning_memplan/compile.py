@@ -164,10 +164,12 @@ class PartitionDecision:
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleEstimate:
-    """Inductor's scheduler-level memory estimate of one graph on its final node order.
+    """Inductor's memory estimate of one graph: the scheduler's (fused nodes, final order) or a replay
+    of the generated wrapper's allocations (after buffer reuse).
 
     Bytes above the graph's non-freeable inputs (primals, tangents); ``freeable_input_bytes`` are the
-    inputs inductor may free (in a backward graph: the saved activations), included in ``timeline``.
+    inputs inductor may free (in a backward graph: the saved activations), included in ``timeline``
+    (``timeline[0]`` is before the first step, ``timeline[-1]`` after the last).
     """
 
     peak_bytes: int
@@ -175,7 +177,8 @@ class ScheduleEstimate:
     freeable_input_bytes: int
     #: Seconds spent computing this estimate inside inductor's compile.
     seconds: float = 0.0
-    #: FX node names each scheduler step was lowered from (``len == len(timeline) - 1``; may be empty).
+    #: FX node names step ``i`` (``timeline[i]`` for the scheduler, ``timeline[i + 1]`` for the
+    #: wrapper) was lowered from; may be empty.
     origins: tuple[tuple[str, ...], ...] = ()
 
 
@@ -192,8 +195,12 @@ class RegionCapture:
     bw_graph: fx.GraphModule | None = None
     decision: PartitionDecision | None = None
     knapsack: KnapsackRecord | None = None
+    #: Inductor's scheduler estimate (fused nodes, final order), forward and backward.
     fw_schedule: ScheduleEstimate | None = None
     bw_schedule: ScheduleEstimate | None = None
+    #: Replay of the allocations inductor's generated wrapper makes (buffer reuse included).
+    fw_wrapper: ScheduleEstimate | None = None
+    bw_wrapper: ScheduleEstimate | None = None
     #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
     compile_seconds: float = 0.0
     #: Seconds spent recording inside that time (graph snapshots, inductor schedule estimates).
@@ -430,6 +437,19 @@ class MemplanBackend:
             else:
                 region.fw_schedule = est
 
+        def on_plan(timeline: list[int], freeable: int, is_backward: bool, seconds: float,
+                    origins: list[tuple[str, ...]]) -> None:
+            region.capture_seconds += seconds
+            if not timeline:
+                region.errors.append("inductor wrapper replay failed")
+                return
+            est = ScheduleEstimate(peak_bytes=max(timeline), timeline=tuple(timeline),
+                                   freeable_input_bytes=freeable, seconds=seconds, origins=tuple(origins[1:]))
+            if is_backward:
+                region.bw_wrapper = est
+            else:
+                region.fw_wrapper = est
+
         def inner(g: fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
             import time
 
@@ -447,6 +467,10 @@ class MemplanBackend:
                         stack.enter_context(_compat.probe_inductor_schedule(on_schedule))
                     except RuntimeError as err:
                         region.errors.append(f"inductor schedule probe unavailable: {err}")
+                    try:
+                        stack.enter_context(_compat.probe_inductor_wrapper(on_plan))
+                    except RuntimeError as err:
+                        region.errors.append(f"inductor wrapper probe unavailable: {err}")
                 t1 = time.perf_counter()
                 try:
                     return compile_fx_inner(g, ex, **kw)

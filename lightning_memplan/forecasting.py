@@ -88,7 +88,8 @@ class RegionForecast:
     graph_id: int | None
     decision: PartitionDecision | None
     knapsack: KnapsackRecord | None
-    #: ``"fx"`` (our FX-graph profile) or ``"inductor_scheduler"`` (fusion-aware, final order).
+    #: ``"fx"`` (our FX-graph profile), ``"inductor_wrapper"`` (replay of the generated wrapper's
+    #: allocations) or ``"inductor_scheduler"`` (inductor's estimate on its final fused node order).
     method: str
     #: Peak of the forward graph, above what was live when it started.
     fw_peak_bytes: int
@@ -225,7 +226,7 @@ class _Plan:
     grad_copy: int
 
 
-def _with_workspace(est: ScheduleEstimate, gm: torch.fx.GraphModule | None) -> tuple[int, ...]:
+def _with_workspace(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> tuple[int, ...]:
     """The scheduler timeline plus each extern kernel's workspace at the step it runs in.
 
     Steps are matched to FX nodes by the names they were lowered from; without origins the largest
@@ -239,8 +240,8 @@ def _with_workspace(est: ScheduleEstimate, gm: torch.fx.GraphModule | None) -> t
     if not ws:
         return tuple(out)
     if est.origins:
-        for i, names in enumerate(est.origins[: len(out)]):
-            out[i] += max((ws.get(n, 0) for n in names), default=0)
+        for i, names in enumerate(est.origins[: len(out) - shift]):
+            out[i + shift] += max((ws.get(n, 0) for n in names), default=0)
     else:
         top = max(range(len(out)), key=out.__getitem__)
         out[top] += max(ws.values())
@@ -259,14 +260,19 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         gradients=mem.gradient_bytes, tangents=mem.tangent_bytes, tangents_in_timeline=True,
         grad_copy=mem.grad_copy_bytes,
     )
-    fs, bs = region.fw_schedule, region.bw_schedule
-    if not use_scheduler or fs is None or (bw is not None and bs is None):
+    if not use_scheduler:
         return fx_plan
-    # the scheduler does not see kernel workspaces: add the largest one at the graph's peak step
-    fw_tl = _with_workspace(fs, region.fw_graph)
-    bw_tl = _with_workspace(bs, region.bw_graph) if bs is not None else ()
+    # prefer the replay of the generated wrapper (it sees buffer reuse); else the scheduler estimate
+    method, shift, fs, bs = "inductor_wrapper", 1, region.fw_wrapper, region.bw_wrapper
+    if fs is None or (bw is not None and bs is None):
+        method, shift, fs, bs = "inductor_scheduler", 0, region.fw_schedule, region.bw_schedule
+    if fs is None or (bw is not None and bs is None):
+        return fx_plan
+    # neither sees kernel workspaces: add each extern kernel's at its step
+    fw_tl = _with_workspace(fs, region.fw_graph, shift)
+    bw_tl = _with_workspace(bs, region.bw_graph, shift) if bs is not None else ()
     return _Plan(
-        index=region.index, method="inductor_scheduler",
+        index=region.index, method=method,
         fw_nodes=tuple(f"sched{i}" for i in range(len(fw_tl))), fw_timeline=tuple(fw_tl),
         fw_retained=fw_tl[-1], saved=bs.freeable_input_bytes if bs is not None else 0,
         bw_nodes=tuple(f"sched{i}" for i in range(len(bw_tl))), bw_timeline=tuple(bw_tl),
@@ -423,8 +429,8 @@ def forecast(
         try:
             mem = _region_memory(region, every_op=inner == "aot_eager")  # inductor: extern kernels only
             plan = _plan(region, mem, use_scheduler=inner == "inductor")
-            if inner == "inductor" and plan.method != "inductor_scheduler":
-                problems.append(f"region {region.index}: no inductor schedule estimate; used the FX profile")
+            if inner == "inductor" and plan.method == "fx":
+                problems.append(f"region {region.index}: no inductor estimate; used the FX profile")
         except Exception as err:  # noqa: BLE001 - report, never lose the compiled run
             problems.append(f"region {region.index}: forecast failed: {type(err).__name__}: {err}")
             continue

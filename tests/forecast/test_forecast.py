@@ -155,5 +155,10 @@ def test_inductor_scheduler_forecast(make_mlp: Callable[..., nn.Module]) -> None
     model = make_mlp()
     fc = forecast(model, (X,), budget=0.5, backend="inductor", optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
     assert fc.status == "ok", fc.problems
-    assert [r.method for r in fc.regions] == ["inductor_scheduler"]
+    assert [r.method for r in fc.regions] == ["inductor_wrapper"]
+    region = fc._backend.regions[0]
+    for est in (region.fw_schedule, region.bw_schedule, region.fw_wrapper, region.bw_wrapper):
+        assert est is not None and est.peak_bytes == max(est.timeline)
+    # inductor fuses: its own estimate peaks below torch's estimate of the unfused FX graphs
+    assert max(region.fw_schedule.peak_bytes, region.bw_schedule.peak_bytes) < fc.regions[0].torch_fx_peak_bytes
     assert abs(rel_error(fc)) <= 0.05
