@@ -322,6 +322,8 @@ class MemPlanCallback(Callback):
             return
         self.forecast = fc
         self.plan = plan
+        if not (self._replan and self._max_memory is not None and not self._replanned):
+            self._example = None  # no re-plan can follow: do not hold on to the first batch
         self._active_forward = compiled
         self._first_call = True
         self.timings["install_seconds"] = time.perf_counter() - t0
