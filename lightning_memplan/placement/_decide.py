@@ -71,6 +71,18 @@ def sweep(lower: list[int], upper: list[int]) -> tuple[np.ndarray, np.ndarray, l
     return sl, su, sections
 
 
+_warm = False
+
+
+def warm_up() -> None:
+    """Load (or, the first time on a machine, compile: tens of seconds) the compiled kernels by
+    solving a tiny problem, so that callers can keep that one-time cost out of their time limits."""
+    global _warm
+    if not _warm:
+        Decider([0, 0, 2], [2, 4, 4], [4, 4, 4], [1, 1, 2]).solve(8, float("inf"))
+        _warm = True
+
+
 class Decider:
     """Search state for one problem; :meth:`solve` answers one capacity."""
 
@@ -120,12 +132,15 @@ class Decider:
         self.parts = np.zeros((max(4 * n, self.nsec) + 16, K.NP), dtype=i64)
         self.pool = np.zeros(4 * n + 16, dtype=i64)
         self.cand = np.zeros(4 * n + 16, dtype=i64)
-        self.mo = np.zeros(n, dtype=i64)
+        self.mo = np.zeros(n + 2 * self.nsec, dtype=i64)  # min_off per buffer; floor, count per section
         self.rem = np.zeros(self.nsec, dtype=i64)
         self.cuts = np.zeros(self.nsec, dtype=i64)
         self.solution = np.zeros(n, dtype=i64)
-        self.ulog_i = np.zeros(len(ovi) + 1, dtype=i64)
-        self.ulog_v = np.zeros(len(ovi) + 1, dtype=i64)
+        self.ureserve = int(np.diff(self.ovp).max(initial=0)) + 2 * self.nsec + 1
+        self.ulog_i = np.zeros(len(ovi) + self.ureserve, dtype=i64)
+        self.ulog_v = np.zeros(len(ovi) + self.ureserve, dtype=i64)
+        self.dirty = np.zeros(self.nsec, dtype=i64)
+        self.dstamp = np.zeros(self.nsec, dtype=i64)
 
     # ------------------------------------------------------------------ search
     def solve(self, capacity: int, deadline: float) -> list[int] | None:
@@ -149,9 +164,12 @@ class Decider:
 
     def _attempt(self, capacity: int, heur: np.ndarray, limit: int, deadline: float) -> int:
         """One attempt with a static order under a node limit: FOUND, INFEASIBLE or BUDGET."""
+        if self.pool.shape[0] < self.n or self.parts.shape[0] < self.nsec:  # what ``reset`` fills
+            self.pool = K.grown(self.pool, self.n)
+            self.parts = K.grown(self.parts, self.nsec)
         K.reset(
             self.st, self.frames, self.parts, self.decs, self.pool, self.mo, self.rem, self.cuts, self.solution,
-            self.total0, self.cuts0, heur, self.width, self.area, self.size, self.sl, self.su, self.nsec,
+            self.total0, self.cuts0, heur, self.width, self.area, self.size, self.sl, self.su, self.nsec, self.secp,
         )
         remaining = limit
         while remaining > 0:
@@ -160,7 +178,7 @@ class Decider:
             status, used = K.run(
                 min(_SLICE, remaining), capacity, self.unit_alignment,
                 self.st, self.frames, self.parts, self.decs, self.pool, self.cand, self.mo, self.rem, self.cuts,
-                self.solution, self.ulog_i, self.ulog_v,
+                self.solution, self.ulog_i, self.ulog_v, self.ureserve, self.dirty, self.dstamp,
                 heur, self.width, self.area, self.size, self.align, self.sl, self.su,
                 self.ovp, self.ovi, self.secp, self.seci,
             )
@@ -171,6 +189,8 @@ class Decider:
                 self.parts = K.grown(self.parts, int(self.st[4]) + need)
                 self.pool = K.grown(self.pool, int(self.st[5]) + need)
                 self.cand = K.grown(self.cand, int(self.st[3]) + need)
+                self.ulog_i = K.grown(self.ulog_i, int(self.st[2]) + self.ureserve)
+                self.ulog_v = K.grown(self.ulog_v, int(self.st[2]) + self.ureserve)
                 continue
             if status != K.BUDGET:
                 return status

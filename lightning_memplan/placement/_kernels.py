@@ -31,8 +31,8 @@ with another call); a pool is too small (enlarge with :func:`grown` and resume).
 
 _ENTER, _NEXT, _FAIL, _SUCCESS, _SOLVED, _UNSOLVABLE = 0, 1, 2, 3, 4, 5
 # _SOLVED / _UNSOLVABLE: the top decomposition's partitions all succeeded / one of them failed
-# st: mode, frame top, undo top, cand top, partition top, pool top, decomposition top
-_MODE, _FTOP, _UTOP, _CTOP, _PTOP, _POOLTOP, _DTOP = 0, 1, 2, 3, 4, 5, 6
+# st: mode, frame top, undo top, cand top, partition top, pool top, decomposition top, placements
+_MODE, _FTOP, _UTOP, _CTOP, _PTOP, _POOLTOP, _DTOP, _STAMP = 0, 1, 2, 3, 4, 5, 6, 7
 ST_LEN = 8
 # frame columns
 _PART, _CUR, _LAST, _CSTART, _CCOUNT, _CPOS, _C, _OFF, _R, _ULOG, _HAT = range(11)
@@ -90,6 +90,23 @@ def _start_part(p, parts, frames, ftop, pool, heur, width, area, size, sl, su, r
 
 
 @njit(cache=True)
+def _leave_floor(s, cnt0, mo, ulog_i, ulog_v, utop, dstamp, stamp, dirty, ndirty):
+    """One buffer of section ``s`` leaves its floor (placed or raised): count it down (logging the
+    count once per placement) and mark the section dirty when none is left there.
+    Returns the new undo top and dirty count."""
+    if dstamp[s] != stamp:
+        dstamp[s] = stamp
+        ulog_i[utop] = cnt0 + s
+        ulog_v[utop] = mo[cnt0 + s]
+        utop += 1
+    mo[cnt0 + s] -= 1
+    if mo[cnt0 + s] == 0:
+        dirty[ndirty] = s
+        ndirty += 1
+    return utop, ndirty
+
+
+@njit(cache=True)
 def _undo(g, frames, mo, rem, cuts, size, sl, su, ulog_i, ulog_v, utop):
     """Take back frame ``g``'s placement. Returns the new undo top."""
     b = frames[g, _C]
@@ -126,10 +143,12 @@ def _add_part(src, x, y, owner, parts, ptop, pool, pooltop, mo, sl):
 
 
 @njit(cache=True)
-def reset(st, frames, parts, decs, pool, mo, rem, cuts, solution, total0, cuts0, heur, width, area, size, sl, su, nsec):
+def reset(st, frames, parts, decs, pool, mo, rem, cuts, solution, total0, cuts0, heur, width, area, size, sl, su, nsec, secp):
     """Start a fresh attempt with static order ``heur``: split at the sections no buffer spans."""
     n = size.shape[0]
     mo[:] = 0
+    for s in range(nsec):  # every buffer starts at min_off 0: all of a section sit at its floor
+        mo[n + nsec + s] = secp[s + 1] - secp[s]
     rem[:] = total0
     cuts[:] = cuts0
     solution[:] = 0
@@ -153,16 +172,26 @@ def reset(st, frames, parts, decs, pool, mo, rem, cuts, solution, total0, cuts0,
     st[_PTOP] = ptop
     st[_POOLTOP] = pooltop
     st[_DTOP] = 1
+    st[_STAMP] = 0
     st[_MODE] = _ENTER
 
 
 @njit(cache=True)
 def run(
     budget, capacity, unit_alignment,
-    st, frames, parts, decs, pool, cand, mo, rem, cuts, solution, ulog_i, ulog_v,
+    st, frames, parts, decs, pool, cand, mo, rem, cuts, solution, ulog_i, ulog_v, ureserve, dirty, dstamp,
     heur, width, area, size, align, sl, su, ovp, ovi, secp, seci,
 ):
-    """Search on from the state in ``st`` for at most ``budget`` nodes. Returns (status, nodes)."""
+    """Search on from the state in ``st`` for at most ``budget`` nodes. Returns (status, nodes).
+
+    ``mo`` holds the ``min_off`` of the n buffers (``INF`` once placed), then the floor of every
+    section (the lowest ``min_off`` of its unplaced buffers, ``INF`` if none), then how many of
+    them sit at the floor; all undone through the log ``ulog_i``/``ulog_v`` (one placement logs at
+    most ``ureserve`` entries). ``dirty``/``dstamp`` are scratch (one slot per section)."""
+    n = size.shape[0]
+    nsec = rem.shape[0]
+    cnt0 = n + nsec
+    stamp = st[_STAMP]
     mode = st[_MODE]
     ftop = st[_FTOP]
     utop = st[_UTOP]
@@ -184,6 +213,7 @@ def run(
                 or pooltop + mc > pool.shape[0]
                 or ptop + mc > parts.shape[0]
                 or dtop + 1 > decs.shape[0]
+                or utop + ureserve > ulog_i.shape[0]
             ):
                 status = GROW
                 break
@@ -256,8 +286,12 @@ def run(
             frames[f, _ULOG] = utop
             mo[b] = INF
             hat = 0
-            lo_s = sl[b]
-            hi_s = su[b]
+            # A section's floor rises once the last buffer at the floor is placed or raised.
+            stamp += 1
+            ndirty = 0
+            for s in range(sl[b], su[b]):
+                if mo[n + s] == off:
+                    utop, ndirty = _leave_floor(s, cnt0, mo, ulog_i, ulog_v, utop, dstamp, stamp, dirty, ndirty)
             for e in range(ovp[b], ovp[b + 1]):
                 j = ovi[e]
                 m = mo[j]
@@ -272,28 +306,37 @@ def run(
                         ulog_v[utop] = m
                         utop += 1
                         mo[j] = t
-                        if sl[j] < lo_s:
-                            lo_s = sl[j]
-                        if su[j] > hi_s:
-                            hi_s = su[j]
+                        for s in range(sl[j], su[j]):
+                            if mo[n + s] == m:
+                                utop, ndirty = _leave_floor(
+                                    s, cnt0, mo, ulog_i, ulog_v, utop, dstamp, stamp, dirty, ndirty
+                                )
             frames[f, _HAT] = hat
             sz = size[b]
             for s in range(sl[b], su[b]):
                 rem[s] -= sz
             for s in range(sl[b], su[b] - 1):
                 cuts[s] -= 1
-            # Cross sections whose floor (lowest min_off of their unplaced buffers) may have risen.
+            # Cross sections: the unplaced buffers stack from the floor, so floor + rem <= cap. Only
+            # a risen floor can newly fail (rem only shrinks).
             ok = True
-            for s in range(lo_s, hi_s):
-                rs = rem[s]
-                if rs == 0:
-                    continue
+            for k in range(ndirty):
+                s = dirty[k]
                 fl = INF
+                at = 0
                 for e in range(secp[s], secp[s + 1]):
                     m = mo[seci[e]]
                     if m < fl:
                         fl = m
-                if fl + rs > cap:
+                        at = 1
+                    elif m == fl:
+                        at += 1
+                ulog_i[utop] = n + s
+                ulog_v[utop] = mo[n + s]
+                utop += 1
+                mo[n + s] = fl
+                mo[cnt0 + s] = at if fl < INF else 0
+                if fl < INF and fl + rem[s] > cap:
                     ok = False
                     break
             if not ok:
@@ -378,6 +421,7 @@ def run(
     st[_PTOP] = ptop
     st[_POOLTOP] = pooltop
     st[_DTOP] = dtop
+    st[_STAMP] = stamp
     return status, nodes
 
 
