@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from .checkpointing import CheckpointPolicy, checkpointed
 from .plan import Candidate, MemPlan
-from .planner import PlanSettings, PlanWarning, decide_plan, forecast_plan
+from .planner import PlanSettings, PlanWarning, decide_plan, forecast_plan, lightning_step_timeline
 from .search import DEFAULT_BUDGETS
 from .strategy import decide_on_rank_zero, max_over_ranks
 from .units import format_bytes
@@ -509,11 +509,12 @@ class MemPlanCallback(Callback):
     def _plot_timeline(self, measured: int) -> None:
         from .report import plot_timeline
 
-        fc = self.forecast
-        if fc is None or not fc.timeline:
+        fc, plan = self.forecast, self.plan
+        if fc is None or not fc.timeline or plan is None:
             return
-        fig = plot_timeline([(s.phase, s.bytes) for s in fc.timeline],
-                            predicted_peak=fc.peak_bytes, measured_peak=measured)
+        timeline = lightning_step_timeline(fc, plan.breakdown.get("gradients", 0))
+        fig = plot_timeline(timeline, predicted_peak=plan.predicted_peak_bytes, measured_peak=measured,
+                            title="Forecast memory timeline of one Lightning training step")
         self._emit_figure(fig, "timeline")
 
     def _emit_figure(self, fig: Any, name: str) -> None:

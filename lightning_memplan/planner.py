@@ -21,7 +21,10 @@ from .plan import Candidate, MemPlan
 from .search import DEFAULT_BUDGETS, PlanDoesNotFit, search
 from .units import parse_bytes
 
-__all__ = ["PlanSettings", "PlanWarning", "decide_plan", "forecast_plan", "lightning_step_peak"]
+__all__ = [
+    "PlanSettings", "PlanWarning", "decide_plan", "forecast_plan", "lightning_step_peak",
+    "lightning_step_timeline",
+]
 
 
 class PlanWarning(UserWarning):
@@ -131,9 +134,13 @@ def lightning_step_peak(fc: Any, grads: int) -> int:
     to the starting bytes), and from the backward on they are gone while the new ones are created.
     So the forward part of the forecast timeline stands as it is, and the rest is ``grads`` lower.
     """
-    fwd = [s.bytes for s in fc.timeline if s.phase == "forward"]
-    rest = [s.bytes - grads for s in fc.timeline if s.phase != "forward"]
-    return max([0, *fwd, *rest])
+    return max([0, *(b for _, b in lightning_step_timeline(fc, grads))])
+
+
+def lightning_step_timeline(fc: Any, grads: int) -> list[tuple[str, int]]:
+    """``(phase, bytes above the step's start)`` of a Lightning training step, for every step of the
+    forecast schedule (see :func:`lightning_step_peak`)."""
+    return [(s.phase, s.bytes if s.phase == "forward" else s.bytes - grads) for s in fc.timeline]
 
 
 def decide_plan(
