@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +173,10 @@ def run_demo(options: DemoOptions = DemoOptions(), *, echo: bool = True) -> Demo
         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=options.progress_bar,
     )
     t_fit = time.perf_counter()
-    trainer.fit(model, loader)
+    with warnings.catch_warnings():
+        # Lightning 2.6 on torch >= 2.10: a deprecation inside Lightning, not actionable here
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+        trainer.fit(model, loader)
     fit_seconds = time.perf_counter() - t_fit
     log_dir = Path(logger.log_dir)
     epochs = _read_epochs(log_dir / "metrics.csv")
