@@ -496,13 +496,13 @@ class MemPlanCallback(Callback):
             return
         ok = [i for i, c in enumerate(plan.candidates) if c.peak_bytes is not None and c.cost is not None]
         points = [PlanPoint(label=plan.candidates[i].label, peak_bytes=int(plan.candidates[i].peak_bytes or 0),
-                            cost=float(plan.candidates[i].cost or 0.0)) for i in ok]
+                            cost=float(plan.candidates[i].cost or 0.0) / 1e9) for i in ok]
         index = {i: k for k, i in enumerate(ok)}
         fig = plot_frontier(points, knee=index.get(plan.knee) if plan.knee is not None else None,
                             chosen=index.get(plan.chosen) if plan.chosen is not None else None,
                             limit_bytes=None if self._max_memory is None or plan.baseline_bytes is None
                             else self._max_memory - plan.baseline_bytes,
-                            cost_label="FLOPs of the compiled forward + backward")
+                            cost_label="GFLOPs of the compiled forward + backward")
         self._emit_figure(fig, "frontier")
 
     @rank_zero_only

@@ -9,7 +9,6 @@ changed.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -25,20 +24,27 @@ CheckpointPolicy = Literal["auto"] | Iterable[type[nn.Module]] | None
 
 
 def repeated_blocks(model: nn.Module) -> list[str]:
-    """Qualified names of the model's repeated blocks: the largest group of sibling submodules
-    (children of one parent) that share a class, with at least two members. ``[]`` if none.
+    """Qualified names of the model's repeated blocks, ``[]`` if none.
 
-    Ties go to the group found first in ``named_modules`` order (outermost first).
+    Candidates are groups of two or more sibling submodules (children of one parent) of the same
+    class that have submodules of their own (a transformer block, not a lone ``Linear`` or
+    ``Embedding``: checkpointing a single layer saves nothing) and trainable parameters. The group
+    with the most parameters wins; ties go to the larger group, then to the first found in
+    ``named_modules`` order.
     """
     best: list[str] = []
+    best_key = (0, 0)
     for parent_name, parent in model.named_modules():
         children = list(parent.named_children())
-        for cls, count in Counter(type(c) for _, c in children).items():
+        for cls in dict.fromkeys(type(c) for _, c in children):
             group = [(n, c) for n, c in children if type(c) is cls]
-            trainable = any(p.requires_grad for _, c in group for p in c.parameters())
-            if count >= 2 and count > len(best) and trainable:
+            if len(group) < 2 or not any(True for _ in group[0][1].children()):
+                continue
+            params = sum(p.numel() for _, c in group for p in c.parameters() if p.requires_grad)
+            key = (params, len(group))
+            if params > 0 and key > best_key:
                 prefix = f"{parent_name}." if parent_name else ""
-                best = [f"{prefix}{n}" for n, _ in group]
+                best, best_key = [f"{prefix}{n}" for n, _ in group], key
     return best
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from lightning_memplan import _compat
+from lightning_memplan._native_io import silence_native_output
 
 __all__ = ["PeakWindow", "measure_peak", "running_peak"]
 
@@ -67,7 +68,8 @@ class PeakWindow:
             from torch.profiler import ProfilerActivity, profile
 
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self._prof.__enter__()
+            with silence_native_output():  # kineto's USDT start line
+                self._prof.__enter__()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -76,7 +78,8 @@ class PeakWindow:
             torch.cuda.synchronize(self.device)
             self.peak_bytes = max(torch.cuda.max_memory_allocated(self.device) - self._start, 0)
             return
-        self._prof.__exit__(exc_type, exc, tb)
+        with silence_native_output():  # kineto's USDT stop line
+            self._prof.__exit__(exc_type, exc, tb)
         if exc_type is None:
             self.peak_bytes = running_peak([d for _, d in _compat.kineto_memory_events(self._prof)])
 

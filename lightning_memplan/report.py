@@ -69,10 +69,12 @@ def plot_frontier(
     limit_bytes: int | None = None,
     cost_label: str = "recompute cost (FLOPs)",
     title: str = "Memory plans: forecast peak vs cost",
+    annotate: bool = True,
     ax: Axes | None = None,
 ) -> Figure:
-    """Scatter of all candidate plans, their Pareto front as a line, the knee and the chosen plan
-    marked, and an optional memory limit as a vertical line. Returns the figure."""
+    """Scatter of all candidate plans (each labelled when ``annotate``), their Pareto front as a
+    line, the knee and the chosen plan marked, and an optional memory limit as a vertical line.
+    Returns the figure."""
     plt = _pyplot()
     if ax is None:
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
@@ -82,6 +84,10 @@ def plot_frontier(
     xs = [p.peak_bytes / mib for p in points]
     ys = [p.cost for p in points]
     ax.scatter(xs, ys, s=18, color="0.65", label="candidate plans", zorder=2)
+    if annotate:
+        for k, p in enumerate(points):  # alternate offsets: near-equal plans sit on top of each other
+            ax.annotate(p.label, (xs[k], ys[k]), textcoords="offset points",
+                        xytext=(5, 4 if k % 2 == 0 else -10), fontsize=7, color="0.35")
     front = pareto_indices(points)
     ax.plot([xs[i] for i in front], [ys[i] for i in front], "-o", color="tab:blue", ms=4,
             label="Pareto front", zorder=3)

@@ -18,16 +18,14 @@ zero runtime are never saved; HiGHS itself is deterministic for a given input.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .._native_io import silence_native_output
 from ._problem import Problem, fill_by_density, fits, split_result, validate
 
 DEFAULT_TIME_LIMIT = 60.0
@@ -87,25 +85,6 @@ def _reduce(problem: Problem, cand: np.ndarray, incumbent: float) -> tuple[np.nd
     return fixed_in, fixed_out
 
 
-@contextlib.contextmanager
-def _quiet_native_stdout() -> Iterator[None]:
-    """Silence HiGHS's native debug prints (C-level stdout) for the duration; always restored."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # no real file descriptor (e.g. captured)
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(fd)
-    try:
-        with open(os.devnull, "wb") as devnull:
-            os.dup2(devnull.fileno(), fd)
-        yield
-    finally:
-        os.dup2(saved, fd)
-        os.close(saved)
-
-
 def _milp(
     mem: np.ndarray, rt: np.ndarray, budget: float, limit: float
 ) -> tuple[np.ndarray | None, bool, str]:
@@ -114,7 +93,7 @@ def _milp(
 
     c = -rt / rt.max()
     a = mem / budget
-    with _quiet_native_stdout():
+    with silence_native_output("stdout"):
         res = milp(
             c=c,
             constraints=LinearConstraint(a[np.newaxis, :], ub=1.0),
