@@ -25,6 +25,7 @@ Faults: recording never breaks compilation. Anything that goes wrong while captu
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -315,6 +316,19 @@ def _decide(region: RegionCapture, budget: float, saved: list[fx.Node]) -> Parti
     )
 
 
+def _copy_joint(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of a joint graph module the partitioner may rewrite (dead code, CSE, recompute tags):
+    new graph and nodes with shallow-copied ``meta`` (FakeTensors shared with the original)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's pytree codegen deep copy (LeafSpec)
+        graph = copy.deepcopy(gm.graph)
+    new = fx.GraphModule(gm, graph)
+    new.meta = dict(getattr(gm, "meta", {}))
+    return new
+
+
 # --------------------------------------------------------------------------- the backend
 class MemplanBackend:
     """A dynamo backend (``torch.compile(model, backend=...)``); build it with :func:`memplan_backend`.
@@ -324,21 +338,39 @@ class MemplanBackend:
     """
 
     def __init__(self, *, budget: float, solver_name: str, solver_fn: SolverFn,
-                 inner: Literal["inductor", "aot_eager"], capture: bool) -> None:
+                 inner: Literal["inductor", "aot_eager"], capture: bool,
+                 sweep: tuple[float, ...] = ()) -> None:
         self.budget = budget
         self.solver_name = solver_name
         self.inner = inner
         self.capture = capture
         self.regions: list[RegionCapture] = []
         self._solver = _adapter_class()(solver_name, solver_fn, budget)
+        #: Budgets partitioned besides (or including) ``budget`` on the same joint graph.
+        self.sweep = sweep
+        self._sweep_solvers = {b: _adapter_class()(solver_name, solver_fn, b) for b in sweep if b != budget}
+        self._sweep_regions: dict[float, list[RegionCapture]] = {b: [] for b in self._sweep_solvers}
+        # the region the partitioner probes report to while a sweep budget is partitioned
+        self._probe_region: RegionCapture | None = None
+
+    def sweep_regions(self, budget: float) -> list[RegionCapture]:
+        """The regions captured for a sweep budget, one per compiled region, in order: the backend's
+        own budget gives ``regions`` (graphs as compiled and run); any other gives the partitioner's
+        output for that budget on the same joint graph (never run)."""
+        if budget == self.budget:
+            return self.regions
+        if budget not in self._sweep_regions:
+            raise KeyError(f"budget {budget!r} is not in this backend's sweep {self.sweep!r}")
+        return self._sweep_regions[budget]
 
     @property
     def errors(self) -> list[str]:
         return [f"region {r.index}: {e}" for r in self.regions for e in r.errors]
 
     def __repr__(self) -> str:
+        sweep = f", sweep={self.sweep!r}" if self.sweep else ""
         return (f"MemplanBackend(budget={self.budget!r}, solver={self.solver_name!r}, "
-                f"inner={self.inner!r}, regions={len(self.regions)})")
+                f"inner={self.inner!r}{sweep}, regions={len(self.regions)})")
 
     # -- probes (each failure is recorded, never raised) --
     def _probes(self, region: RegionCapture) -> contextlib.ExitStack:
@@ -347,16 +379,18 @@ class MemplanBackend:
             return stack
 
         def on_min_cut(node_info: Any, result: Any) -> None:
+            r = self._probe_region or region
             try:
-                region._min_cuts.append((_compat.node_inputs_of(node_info), list(result[0])))
+                r._min_cuts.append((_compat.node_inputs_of(node_info), list(result[0])))
             except Exception as err:  # noqa: BLE001
-                region.errors.append(f"min-cut probe: {type(err).__name__}: {err}")
+                r.errors.append(f"min-cut probe: {type(err).__name__}: {err}")
 
         def on_choose(budget: float, saved: list[fx.Node]) -> None:
+            r = self._probe_region or region
             try:
-                region.decision = _decide(region, budget, saved)
+                r.decision = _decide(r, budget, saved)
             except Exception as err:  # noqa: BLE001
-                region.errors.append(f"decision: {type(err).__name__}: {err}")
+                r.errors.append(f"decision: {type(err).__name__}: {err}")
 
         try:
             stack.enter_context(_compat.probe_partitioner(on_min_cut, on_choose))
@@ -370,6 +404,8 @@ class MemplanBackend:
         t0 = time.perf_counter()
         region = RegionCapture(index=len(self.regions))
         self.regions.append(region)
+        for regions in self._sweep_regions.values():
+            regions.append(RegionCapture(index=region.index))
         fconfig = _compat.functorch_config()
         self._solver.region = region
         with contextlib.ExitStack() as stack:
@@ -416,9 +452,50 @@ class MemplanBackend:
                 fw_compiler=make(False),
                 bw_compiler=make(True),
                 decompositions=_compat.select_decomp_table(),
-                partition_fn=functools.partial(_compat.min_cut_rematerialization_partition(),
-                                               compiler="inductor"),
+                partition_fn=self._partition_fn(region),
             )(gm, example_inputs)
+
+    def _partition_fn(self, region: RegionCapture) -> Callable[..., Any]:
+        """The min-cut partitioner; with a sweep, it also partitions a copy of the joint graph under
+        every other sweep budget (same config scope, that budget's solver adapter, the same probes)
+        and records each (forward, backward) pair and decision; the own budget's partition runs."""
+        partition = functools.partial(_compat.min_cut_rematerialization_partition(), compiler="inductor")
+        if not self._sweep_solvers:
+            return partition
+
+        def partition_fn(joint: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+            import time
+
+            copies: dict[float, fx.GraphModule] = {}
+            for b in self._sweep_solvers:
+                try:
+                    copies[b] = _copy_joint(joint)
+                except Exception as err:  # noqa: BLE001
+                    self._sweep_regions[b][region.index].errors.append(
+                        f"sweep budget {b!r}: joint graph copy: {type(err).__name__}: {err}")
+            out = partition(joint, joint_inputs, **kw)
+            fconfig = _compat.functorch_config()
+            for b, gm in copies.items():
+                t0 = time.perf_counter()
+                r = self._sweep_regions[b][region.index]
+                # a later call (the main graph after a higher-order op's subgraph) replaces the record
+                r.fw_graph = r.bw_graph = r.decision = r.knapsack = None
+                r._min_cuts, r._solver_called = [], False
+                adapter = self._sweep_solvers[b]
+                adapter.region = r
+                self._probe_region = r
+                try:
+                    with fconfig.patch(activation_memory_budget=b, activation_memory_budget_solver=adapter):
+                        r.fw_graph, r.bw_graph = partition(gm, joint_inputs, **kw)
+                except Exception as err:  # noqa: BLE001 - a sweep budget must not break the compile
+                    r.errors.append(f"sweep budget {b!r}: partition: {type(err).__name__}: {err}")
+                finally:
+                    self._probe_region = None
+                    adapter.region = None
+                    r.compile_seconds += time.perf_counter() - t0
+            return out
+
+        return partition_fn
 
     def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any], region: RegionCapture) -> Callable[..., Any]:
         compile_fx_inner = _compat.compile_fx_inner()
@@ -487,6 +564,7 @@ def memplan_backend(
     solver: str | SolverFn = "dp",
     inner: str = "inductor",
     capture: bool = True,
+    sweep: Sequence[float] = (),
 ) -> MemplanBackend:
     """A ``torch.compile`` backend with this activation memory budget and knapsack solver.
 
@@ -496,13 +574,21 @@ def memplan_backend(
         inner: ``"inductor"`` (codegen) or ``"aot_eager"`` (alias ``"aot_eager_decomp_partition"``:
             inductor's decompositions and min-cut partitioner, eager kernels).
         capture: record graphs, decisions and estimates (``False``: only install budget and solver).
+        sweep: further budgets to partition the same joint graph under (``inner="aot_eager"`` only):
+            one trace, one partition per budget, the own ``budget``'s runs; read each budget's
+            captures with :meth:`MemplanBackend.sweep_regions`.
 
     Raises:
-        ValueError: a budget outside [0, 1], an unknown solver name or backend.
+        ValueError: a budget outside [0, 1], an unknown solver name or backend, a sweep with inductor
+            or without capture.
         RuntimeError: torch older than 2.11 (no ``CustomKnapsackSolver``).
     """
     b = _check_budget(budget, "memplan_backend")
     name, fn = resolve_solver(solver, "memplan_backend")
     kind = _check_inner(inner, "memplan_backend")
+    sw = tuple(dict.fromkeys(_check_budget(x, "memplan_backend") for x in sweep))
+    if sw and (kind != "aot_eager" or not capture):
+        raise ValueError(f"`memplan_backend(sweep={tuple(sweep)!r})` needs inner='aot_eager' and capture=True "
+                         f"(got inner={inner!r}, capture={capture!r}).")
     _compat.check_torch_version()
-    return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture)
+    return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture, sweep=sw)

@@ -47,7 +47,7 @@ from lightning_memplan.estimator import GRADIENTS, RegionMemory, profile_region
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.workspace import probe_workspace
 
-__all__ = ["Forecast", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast"]
+__all__ = ["Forecast", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_sweep"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,6 +353,36 @@ def _check_args(model: object, example_inputs: object, loss_fn: object, optimize
     return tuple(inputs)
 
 
+def _compile_step(
+    be: MemplanBackend,
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    optimizer: torch.optim.Optimizer | None,
+) -> tuple[Callable[[], torch.Tensor], list[torch.Tensor], float]:
+    """Compile one training step with ``be`` by running forward and backward once (model restored).
+    Returns the step, the parameters and the seconds of the compiling run."""
+    compiled = torch.compile(_make_loss(model, loss_fn), backend=be)
+    params = [p for p in model.parameters()]
+
+    def step() -> torch.Tensor:
+        loss = compiled(*inputs)
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            for p in params:
+                p.grad = None
+        return loss.detach()
+
+    devices = sorted({t.device.index or 0 for t in [*params, *inputs] if t.device.type == "cuda"})
+    t0 = time.perf_counter()
+    with _no_side_effects(model, devices):
+        compiled(*inputs).backward()
+    return step, params, time.perf_counter() - t0
+
+
 # --------------------------------------------------------------------------- forecast
 def forecast(
     model: nn.Module,
@@ -389,35 +419,41 @@ def forecast(
     inner = _check_inner(backend, "forecast", "backend")
     inputs = _check_args(model, example_inputs, loss_fn, optimizer)
     be = memplan_backend(budget=b, solver=solver, inner=inner)  # type: ignore[arg-type]
-    compiled = torch.compile(_make_loss(model, loss_fn), backend=be)
-    params = [p for p in model.parameters()]
+    step, params, compile_seconds = _compile_step(be, model, inputs, loss_fn, optimizer)
 
-    def step() -> torch.Tensor:
-        loss = compiled(*inputs)
-        loss.backward()
-        if optimizer is not None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            for p in params:
-                p.grad = None
-        return loss.detach()
+    return _assemble(be, be.regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
+                     inner=inner, budget=b, solver_name=solver_name, compile_seconds=compile_seconds,
+                     step=step, stacklevel=3)
 
-    devices = sorted({t.device.index or 0 for t in [*params, *inputs] if t.device.type == "cuda"})
-    t0 = time.perf_counter()
-    with _no_side_effects(model, devices):
-        compiled(*inputs).backward()
-    compile_seconds = time.perf_counter() - t0
 
+def _assemble(
+    be: MemplanBackend,
+    be_regions: Sequence[RegionCapture],
+    *,
+    model: nn.Module,
+    params: list[torch.Tensor],
+    inputs: tuple[Any, ...],
+    optimizer: torch.optim.Optimizer | None,
+    inner: str,
+    budget: float,
+    solver_name: str,
+    compile_seconds: float,
+    step: Callable[[], torch.Tensor],
+    stacklevel: int,
+    extra_seconds: float = 0.0,
+    opt_mem: OptimizerMemory | None = None,
+) -> Forecast:
+    """The Forecast of one plan from its captured regions (after the compiling run)."""
     t1 = time.perf_counter()
-    problems: list[str] = list(be.errors)
+    problems: list[str] = [f"region {r.index}: {e}" for r in be_regions for e in r.errors]
     seen: set[int] = set()
     baseline = {
         "parameters": _unique_bytes(params, seen),
         "buffers": _unique_bytes(list(model.buffers()), seen),
         "inputs": _unique_bytes(list(inputs), seen),
     }
-    opt_mem = optimizer_memory(optimizer) if optimizer is not None else None
+    if opt_mem is None and optimizer is not None:
+        opt_mem = optimizer_memory(optimizer)
     if opt_mem is not None and opt_mem.problem:
         problems.append(opt_mem.problem)
     baseline["optimizer_state"] = opt_mem.state_bytes if opt_mem is not None else 0
@@ -425,7 +461,7 @@ def forecast(
 
     plans: list[_Plan] = []
     regions: list[RegionForecast] = []
-    for region in be.regions:
+    for region in be_regions:
         try:
             mem = _region_memory(region, every_op=inner == "aot_eager")  # inductor: extern kernels only
             plan = _plan(region, mem, use_scheduler=inner == "inductor")
@@ -440,7 +476,7 @@ def forecast(
             method=plan.method, fw_peak_bytes=max(plan.fw_timeline), bw_peak_bytes=plan.bw_peak,
             saved_bytes=plan.saved, gradient_bytes=plan.gradients, torch_fx_peak_bytes=_torch_fx_peak(region),
         ))
-    if not be.regions:
+    if not be_regions:
         problems.append("nothing was compiled: dynamo captured no region (the model is not traceable, or "
                         "torch._dynamo.config.recompile_limit was hit and dynamo fell back to eager)")
 
@@ -450,9 +486,9 @@ def forecast(
     if plans:
         timeline, peak, (acts, grads, temps) = _layout(plans, opt_mem)
         breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps)
-    status = "failed" if peak is None else ("partial" if len(plans) < len(be.regions) else "ok")
+    status = "failed" if peak is None else ("partial" if len(plans) < len(be_regions) else "ok")
     if status != "ok":
-        warnings.warn(f"lightning_memplan.forecast: {status}: " + "; ".join(problems), RuntimeWarning, stacklevel=2)
+        warnings.warn(f"lightning_memplan.forecast: {status}: " + "; ".join(problems), RuntimeWarning, stacklevel=stacklevel)
 
     decisions = [r.decision for r in regions]
     solver_est = (sum(d.saved_bytes - max(d.min_act_bytes, 0) for d in decisions if d is not None)
@@ -460,11 +496,70 @@ def forecast(
     fx_peers = [r.torch_fx_peak_bytes for r in regions]
     torch_fx = (sum(p for p in fx_peers if p is not None) if fx_peers and all(p is not None for p in fx_peers)
                 else None)
-    overhead = sum(r.capture_seconds for r in be.regions) + (time.perf_counter() - t1)
+    overhead = sum(r.capture_seconds for r in be_regions) + (time.perf_counter() - t1) + extra_seconds
     return Forecast(
         peak_bytes=peak, baseline_bytes=baseline_bytes, breakdown=breakdown, regions=tuple(regions),
-        timeline=tuple(timeline), budget=b, solver=solver_name, backend=inner, status=status,
+        timeline=tuple(timeline), budget=budget, solver=solver_name, backend=inner, status=status,
         problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
         torch_fx_estimate_bytes=torch_fx, compile_seconds=compile_seconds, overhead_seconds=overhead,
         _step=step, _backend=be,
+    )
+
+
+# --------------------------------------------------------------------------- budget sweep
+def forecast_sweep(
+    model: nn.Module,
+    example_inputs: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    budgets: Sequence[float],
+    solver: str | Callable[..., Any] = "dp",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> dict[float, Forecast]:
+    """Forecast several budgets from ONE compile: trace once, partition the same joint graph under
+    every budget (``aot_eager``), run forward and backward once with the first budget's plan.
+
+    Returns ``{budget: Forecast}`` in the order of ``budgets`` (duplicates dropped). Each forecast is
+    what :func:`forecast` with ``backend="aot_eager"`` gives at that budget (same graphs, decisions,
+    peak); only the first budget's ``step()`` trains, the others raise a ``RuntimeError`` (their plan
+    was partitioned, never compiled to run: call :func:`forecast` with that budget to train with it).
+    ``compile_seconds`` is the shared compiling run's, the same in every forecast.
+
+    Raises:
+        ValueError: bad arguments (as :func:`forecast`), or no budget.
+        RuntimeError: a torch without the features needed (torch < 2.11).
+    """
+    if isinstance(budgets, (int, float)) or not budgets:
+        raise ValueError(f"`forecast_sweep(budgets={budgets!r})` must be a non-empty sequence of budgets in [0, 1].")
+    bs = tuple(dict.fromkeys(_check_budget(b, "forecast_sweep") for b in budgets))
+    solver_name, _ = resolve_solver(solver, "forecast_sweep")  # type: ignore[arg-type]
+    inputs = _check_args(model, example_inputs, loss_fn, optimizer)
+    be = memplan_backend(budget=bs[0], solver=solver, inner="aot_eager", sweep=bs)  # type: ignore[arg-type]
+    step, params, compile_seconds = _compile_step(be, model, inputs, loss_fn, optimizer)
+
+    out: dict[float, Forecast] = {}
+    opt_mem = optimizer_memory(optimizer) if optimizer is not None else None  # the same for every budget
+    for b in bs:
+        if b == bs[0]:
+            view, regions, run = be, be.regions, step
+        else:
+            regions = list(be.sweep_regions(b))
+            for i, (r, own) in enumerate(zip(regions, be.regions)):
+                if r.fw_graph is None and not r.errors and own.bw_graph is None and own.decision is None:
+                    regions[i] = own  # not partitioned (an inference graph): the same under every budget
+            view = memplan_backend(budget=b, solver=solver, inner="aot_eager")  # type: ignore[arg-type]
+            view.regions = regions
+            run = functools.partial(_not_compiled, b, bs[0])
+        out[b] = _assemble(view, regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
+                           inner="aot_eager", budget=b, solver_name=solver_name,
+                           compile_seconds=compile_seconds, step=run, stacklevel=3,
+                           extra_seconds=sum(r.compile_seconds for r in regions) if b != bs[0] else 0.0,
+                           opt_mem=opt_mem)
+    return out
+
+
+def _not_compiled(budget: float, ran: float) -> torch.Tensor:
+    raise RuntimeError(
+        f"forecast_sweep forecast budget {budget!r} from the partition of a shared compile; only the first "
+        f"budget ({ran!r}) was compiled to run. Call `forecast(..., budget={budget!r})` to train with this plan."
     )

@@ -100,17 +100,30 @@ def search(
         PlanDoesNotFit: ``max_memory`` given and no forecast fits it.
         RuntimeError: every candidate's forecast failed (the message has the first cause).
     """
-    from .forecasting import forecast
+    from .forecasting import forecast, forecast_sweep
 
     t0 = time.perf_counter()
     candidates: list[Candidate] = []
     baseline: int | None = None
     for ck in checkpoint_sets:
         with checkpointed(model, ck):
+            # aot_eager: one trace per checkpoint set, the joint graph partitioned under every budget
+            swept: dict[float, Any] = {}
+            if backend in ("aot_eager", "aot_eager_decomp_partition") and budgets:
+                try:
+                    swept = forecast_sweep(model, tuple(example_inputs), budgets=tuple(budgets), solver=solver,
+                                           loss_fn=loss_fn, optimizer=optimizer)
+                except Exception as exc:  # noqa: BLE001 - fall back to one forecast per budget
+                    swept = {}
+                    sweep_error: Exception | None = exc
+                else:
+                    sweep_error = None
             for b in budgets:
                 try:
-                    fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
-                                  backend=backend, loss_fn=loss_fn, optimizer=optimizer)
+                    fc = swept.get(float(b)) if swept else None
+                    if fc is None:
+                        fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
+                                      backend=backend, loss_fn=loss_fn, optimizer=optimizer)
                     cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=fc.peak_bytes,
                                      cost=forecast_flops(fc), note=_note(fc))
                     baseline = fc.baseline_bytes if baseline is None else baseline
