@@ -489,7 +489,7 @@ class MemPlanCallback(Callback):
 
     @rank_zero_only
     def _plot_frontier(self) -> None:
-        from .report import PlanPoint, plot_frontier, save_figure
+        from .report import PlanPoint, plot_frontier
 
         plan = self.plan
         if plan is None or not plan.candidates:

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
 import torch.fx as fx
 
 from lightning_memplan import _compat

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .checkpointing import CheckpointPolicy, _policy_classes, checkpoint_candidates, resolve_blocks
-from .plan import Candidate, MemPlan
+from .plan import MemPlan
 from .search import DEFAULT_BUDGETS, PlanDoesNotFit, search
 from .units import parse_bytes
 

@@ -113,11 +113,8 @@ def search(
                 try:
                     swept = forecast_sweep(model, tuple(example_inputs), budgets=tuple(budgets), solver=solver,
                                            loss_fn=loss_fn, optimizer=optimizer)
-                except Exception as exc:  # noqa: BLE001 - fall back to one forecast per budget
+                except Exception:  # noqa: BLE001 - fall back to one forecast per budget
                     swept = {}
-                    sweep_error: Exception | None = exc
-                else:
-                    sweep_error = None
             for b in budgets:
                 try:
                     fc = swept.get(float(b)) if swept else None

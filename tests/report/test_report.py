@@ -3,7 +3,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from lightning_memplan.report import PlanPoint, pareto_indices, plot_frontier, plot_timeline, save_figure
 
