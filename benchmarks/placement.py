@@ -22,7 +22,7 @@ from tabulate import tabulate
 
 from lightning_memplan.placement import ALGORITHMS, Buffer, Plan, get_algorithm, peak_live, read_csv, validate
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared/data/minimalloc"
+DATA = Path(__file__).resolve().parents[1] / "data" / "minimalloc"  # shipped copy of ../shared/data/minimalloc
 
 
 def random_instance(seed: int, n: int) -> list[Buffer]:

@@ -8,7 +8,7 @@ from lightning_memplan.cli import main
 from lightning_memplan.placement import MemorySpace, Plan, read_csv, validate
 from lightning_memplan.placement._cli import parse_bytes
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared/data/minimalloc"
+DATA = Path(__file__).resolve().parents[2] / "data" / "minimalloc"  # shipped copy of ../shared/data/minimalloc
 
 
 def plan_from(out: Path, capacity: int) -> Plan:

@@ -18,7 +18,7 @@ from lightning_memplan.placement import (
 
 from _oracle import brute_force_arena, random_buffers
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared/data/minimalloc"
+DATA = Path(__file__).resolve().parents[2] / "data" / "minimalloc"  # shipped copy of ../shared/data/minimalloc
 
 
 def test_reaches_the_optimum_where_greedy_does_not() -> None:

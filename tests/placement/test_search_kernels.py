@@ -12,7 +12,7 @@ from lightning_memplan.placement import _decide
 
 from _oracle import random_buffers
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared/data/minimalloc"
+DATA = Path(__file__).resolve().parents[2] / "data" / "minimalloc"  # shipped copy of ../shared/data/minimalloc
 
 
 def _decider(bufs):
