@@ -45,11 +45,9 @@ MemPlanWarning = PlanWarning
 def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
     """``type(module).forward`` with a new code object, bound to ``module``: dynamo's per-code cache
     starts empty, so a new plan is never served an old compiled graph."""
-    fn = type(module).forward
-    code = fn.__code__.replace()
-    fresh = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    fresh.__kwdefaults__ = fn.__kwdefaults__
-    return types.MethodType(fresh, module)
+    from .forecasting import _fresh_function
+
+    return types.MethodType(_fresh_function(type(module).forward), module)
 
 
 class MemPlanCallback(Callback):

@@ -158,7 +158,9 @@ def _unique_bytes(tensors: Sequence[torch.Tensor], seen: set[int]) -> int:
 def _fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` with a new code object, so dynamo's per-code cache (and recompile limit) starts empty."""
     code = fn.__code__.replace()
-    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    fresh = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    fresh.__kwdefaults__ = fn.__kwdefaults__
+    return fresh
 
 
 def _make_loss(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None) -> Callable[..., torch.Tensor]:

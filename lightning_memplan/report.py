@@ -61,6 +61,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
+    """``ax`` and its figure, or a new figure of ``figsize`` inches with one axes."""
+    if ax is not None:
+        return ax.figure, ax
+    fig, new_ax = _pyplot().subplots(figsize=figsize, dpi=110)
+    return fig, new_ax
+
+
 def plot_frontier(
     points: Sequence[PlanPoint],
     *,
@@ -75,11 +83,7 @@ def plot_frontier(
     """Scatter of all candidate plans (each labelled when ``annotate``), their Pareto front as a
     line, the knee and the chosen plan marked, and an optional memory limit as a vertical line.
     Returns the figure."""
-    plt = _pyplot()
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax, (7, 4.5))
     mib = 2.0**20
     xs = [p.peak_bytes / mib for p in points]
     ys = [p.cost for p in points]
@@ -120,11 +124,7 @@ def plot_timeline(
     """Bytes live above the baseline at each step of the forecast schedule, shaded by phase
     (``(phase, bytes)`` pairs in execution order), with the predicted and measured peaks as
     horizontal lines. Returns the figure."""
-    plt = _pyplot()
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(8, 4), dpi=110)
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax, (8, 4))
     mib = 2.0**20
     ys = [b / mib for _, b in timeline]
     ys_drawn = ys + ys[-1:]  # the last step gets a width too
