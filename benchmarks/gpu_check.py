@@ -76,16 +76,17 @@ def _cleanup() -> None:
         torch.cuda.empty_cache()
 
 
-def forecast_section(cfg: dict[str, Any], deadline: Deadline, row_s: float) -> list[dict[str, Any]]:
+def forecast_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
+                     reserve: float = BENCH_RESERVE_S) -> list[dict[str, Any]]:
     """Predicted vs measured rows (``forecast.run_row``); a row is skipped when fewer than
-    ``row_s`` seconds (plus the benchmark's reserve) are left."""
+    ``row_s`` seconds plus ``reserve`` (kept for the solver benchmark) are left."""
     from forecast import run_row
 
     rows: list[dict[str, Any]] = []
     backend = "inductor" if cfg["backend"] == "inductor" else "aot_eager_decomp_partition"
     for name in cfg["models"]:
         for budget in cfg["budgets"]:
-            if deadline.left() < row_s + BENCH_RESERVE_S:
+            if deadline.left() < row_s + reserve:
                 rows.append({"model": name, "budget": budget, "error": "skipped (time limit)", "_err": math.nan})
                 continue
             try:
@@ -97,7 +98,8 @@ def forecast_section(cfg: dict[str, Any], deadline: Deadline, row_s: float) -> l
     return rows
 
 
-def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float) -> list[dict[str, Any]]:
+def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
+                  reserve: float = BENCH_RESERVE_S) -> list[dict[str, Any]]:
     """Measured peak, forecast and step time of torch's budgets, full block checkpointing and auto."""
     import torch
     from forecast import GPT
@@ -116,7 +118,7 @@ def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float) -> list
     plans.append(("full block ckpt", 1.0, blocks))
     t0 = time.perf_counter()
     decide_s = math.nan
-    if deadline.left() > 3 * row_s + BENCH_RESERVE_S:
+    if deadline.left() > 3 * row_s + reserve:
         try:
             settings = PlanSettings.from_args("gpu_check", budget="auto", backend=backend, checkpoint="auto",
                                               candidate_budgets=cfg["candidate_budgets"])
@@ -131,7 +133,7 @@ def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float) -> list
     rows: list[dict[str, Any]] = []
     for label, budget, ckpt in plans:
         row: dict[str, Any] = {"plan": label, "_auto": label.startswith("auto"), "_decide_s": decide_s}
-        if deadline.left() < row_s + BENCH_RESERVE_S:
+        if deadline.left() < row_s + reserve:
             rows.append({**row, "note": "skipped (time limit)"})
             continue
         try:
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a row is assumed to take when deciding whether to start it (default: 25)")
     p.add_argument("--smoke", action="store_true",
                    help="run the same code on the CPU with tiny sizes (tests the script; measures nothing)")
+    p.add_argument("--no-solvers", action="store_true",
+                   help="skip section 3 (the solvers are CPU code; on a short device lease the GPU rows matter more)")
     args = p.parse_args(argv)
     import torch
 
@@ -199,24 +203,29 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore")
     deadline = Deadline(args.time_limit)
+    reserve = 0.0 if args.no_solvers else BENCH_RESERVE_S
     t_all = time.perf_counter()
     where = torch.cuda.get_device_name() if cfg["device"] == "cuda" else "CPU smoke run (not a measurement)"
     print(f"gpu_check: {where}, torch {torch.__version__}, lightning "
           f"{lightning.__version__}, Python {platform.python_version()}", flush=True)
 
     print(f"\n[1/3] forecast vs measured ({cfg['backend']})", flush=True)
-    frows, f_s = _timed(lambda: forecast_section(cfg, deadline, args.row_seconds))
+    frows, f_s = _timed(lambda: forecast_section(cfg, deadline, args.row_seconds, reserve))
     cols = ["model", "budget", "partitioner", "predicted MiB", "measured MiB", "error", "compile s"]
     print(tabulate([[r.get(c, "") for c in cols] for r in frows], headers=cols, tablefmt="github"), flush=True)
 
     print(f"\n[2/3] plans on a GPT {cfg['gpt']} ({cfg['backend']})", flush=True)
-    prows, p_s = _timed(lambda: plans_section(cfg, deadline, args.row_seconds))
+    prows, p_s = _timed(lambda: plans_section(cfg, deadline, args.row_seconds, reserve))
     ptable, facts = plans_table(prows)
     print(tabulate(ptable, headers=["plan", "measured MiB", "forecast MiB", "error", "step ms", "saving",
                                     "slowdown", "note"], tablefmt="github"), flush=True)
 
     print("\n[3/3] knapsack solvers, ours vs torch's", flush=True)
-    rc, b_s = _timed(lambda: memplan_main(cfg["bench"]))
+    if args.no_solvers:
+        print("skipped (--no-solvers)", flush=True)
+        rc, b_s = None, 0.0
+    else:
+        rc, b_s = _timed(lambda: memplan_main(cfg["bench"]))
 
     errs = [abs(r["_err"]) for r in frows if not math.isnan(r.get("_err", math.nan))]
     decide_s = next((r["_decide_s"] for r in prows if r["_auto"]), math.nan)
@@ -227,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         ["plans", f"auto: saving {pct(facts.get('auto_saving'))}, slowdown {pct(facts.get('auto_slowdown'))} "
          f"(decided in {decide_s:.0f} s); full block ckpt: saving {pct(facts.get('full_saving'))}, "
          f"slowdown {pct(facts.get('full_slowdown'))}", f"{p_s:.0f}"],
-        ["solvers", f"memplan bench exit code {rc}", f"{b_s:.0f}"],
+        ["solvers", "skipped" if rc is None else f"memplan bench exit code {rc}", f"{b_s:.0f}"],
         ["total", "", f"{time.perf_counter() - t_all:.0f}"],
     ]
     print("\nSummary")
