@@ -329,7 +329,7 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
     """Replay the memory-planned lines of inductor's Python wrapper: bytes live after each line.
 
     Allocations (``AllocateLine``, an extern kernel's fresh output, each output of a multi-output
-    kernel) add their storage bytes; ``ReuseLine``/``ReinterpretLine`` give a storage a second name;
+    kernel, counted at the kernel's line, where the kernel allocates it) add their storage bytes; ``ReuseLine``/``ReinterpretLine`` give a storage a second name;
     ``FreeLine``/``FreeIfNotReusedLine`` (when not reused) drop a name, and a storage is freed when its
     last name is gone. Graph inputs inductor may free (not primals or tangents) count from the start.
     The last entry is what stays when the graph returns: the storages of its outputs.
@@ -365,11 +365,26 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
             refs[sid].add(new)
 
     def drop(name: str) -> None:
+        for out in unnamed.pop(name, ()):  # outputs the wrapper never took out of the kernel's result
+            drop(out)
         sid = names.pop(name, None)
         if sid is not None:
             refs[sid].discard(name)
             if not refs[sid]:
                 state["cur"] -= sizes[sid]
+
+    # a multi-output kernel (a fallback such as convolution_backward or an attention backward) allocates
+    # all its outputs while its inputs are still live; the wrapper only names them later
+    # (MultiOutputLine, after the kernel's inputs were deleted), so they are allocated at the kernel.
+    outputs_of: dict[str, list[Any]] = {}
+    for buf in graph.buffers:
+        if isinstance(buf, ir.MultiOutput):
+            root = buf.inputs[0]
+            while isinstance(root, ir.MultiOutput):
+                root = root.inputs[0]
+            outputs_of.setdefault(root.get_name(), []).append(buf)
+    early: set[str] = set()
+    unnamed: dict[str, list[str]] = {}  # kernel name -> early outputs no MultiOutputLine named yet
 
     freeable = 0
     for name, inp in graph.graph_inputs.items():
@@ -401,8 +416,18 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
                 alias(node.get_name(), aliased[0])
             else:
                 alloc(node.get_name(), nbytes(node))
+                for out in outputs_of.get(node.get_name(), ()):
+                    if nbytes(out):
+                        alloc(out.get_name(), nbytes(out))
+                        early.add(out.get_name())
+                        unnamed.setdefault(node.get_name(), []).append(out.get_name())
         elif isinstance(line, w.MultiOutputLine):
-            alloc(line.result_name, nbytes(graph.get_buffer(line.result_name)))
+            if line.result_name in early:
+                for outs in unnamed.values():
+                    if line.result_name in outs:
+                        outs.remove(line.result_name)
+            else:
+                alloc(line.result_name, nbytes(graph.get_buffer(line.result_name)))
         elif not isinstance(line, w.ExternKernelOutLine):
             continue
         timeline.append(state["cur"])

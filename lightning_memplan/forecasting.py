@@ -381,8 +381,22 @@ def _compile_step(
     devices = sorted({t.device.index or 0 for t in [*params, *inputs] if t.device.type == "cuda"})
     t0 = time.perf_counter()
     with _no_side_effects(model, devices):
-        compiled(*inputs).backward()
+        _backward_without_hooks(compiled(*inputs), [*params, *inputs])
     return step, params, time.perf_counter() - t0
+
+
+def _backward_without_hooks(loss: torch.Tensor, leaves: list[torch.Tensor]) -> None:
+    """Run ``loss``'s backward (compiling it) without accumulating into ``.grad``.
+
+    ``torch.autograd.grad`` stops at ``leaves`` instead of running their AccumulateGrad nodes, so the
+    hooks strategies put there (DDP's gradient reducer, FSDP's post-backward reshard) do not fire:
+    the forecast may run inside a strategy's forward, where those hooks must not run.
+    """
+    targets = [t for t in leaves if t.requires_grad]
+    if not targets:
+        loss.backward()
+        return
+    torch.autograd.grad(loss, targets, allow_unused=True)
 
 
 # --------------------------------------------------------------------------- forecast

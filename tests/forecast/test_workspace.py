@@ -1,6 +1,7 @@
 """Kernel workspace probes: measured scratch bytes of ops whose kernels allocate internally."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -31,7 +32,7 @@ def test_cpu_convolution_backward_has_a_workspace() -> None:
     ws = probe_workspace(conv, every_op=True)  # eager kernels: probed
     assert ws > 0
     assert probe_workspace(conv, every_op=True) == ws  # cached and deterministic
-    assert probe_workspace(conv, every_op=False) == 0  # inductor re-lays out convolutions: not probed
+    assert probe_workspace(conv, every_op=False) == 0  # inductor re-lays out CPU convolutions: not probed
 
 
 def test_workspace_is_counted_at_its_node_only() -> None:
@@ -41,3 +42,19 @@ def test_workspace_is_counted_at_its_node_only() -> None:
     assert with_ws.timeline[0] == base.timeline[0] + 1000
     assert with_ws.timeline[1:] == base.timeline[1:]
     assert with_ws.end_bytes == base.end_bytes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_convolution_backward_is_probed_for_inductor_too() -> None:
+    # cuDNN takes its workspace from the caching allocator (10 MB for this shape on an H200), and
+    # inductor calls the same kernel: probed with every_op=False on CUDA.
+    x, w = torch.randn(32, 32, 32, 32, device="cuda"), torch.randn(32, 32, 3, 3, device="cuda")
+    go = torch.randn(32, 32, 32, 32, device="cuda")
+
+    def bwd(go, x, w):  # noqa: ANN001, ANN202
+        return torch.ops.aten.convolution_backward(go, x, w, [32], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, True, False])
+
+    _, call_nodes = nodes(bwd, go, x, w)
+    conv = next(n for n in call_nodes if "convolution_backward" in str(n.target))
+    assert probe_workspace(conv, every_op=False) == probe_workspace(conv, every_op=True) > 0
