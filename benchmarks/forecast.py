@@ -6,8 +6,11 @@
 
 Each row compiles one training step (forward, ``y.pow(2).mean()``, backward, AdamW step, zero_grad)
 with ``lightning_memplan.forecast``, runs one warm-up step, then measures one step with
-``lightning_memplan.measure_peak`` (CPU: profiler memory events; CUDA: allocator statistics).
-Error is signed, ``(predicted - measured) / measured``. Peers, each against the same measurement:
+``lightning_memplan.measure.PeakWindow`` (as ``measure_peak``; CPU: profiler memory events; CUDA: allocator statistics).
+Error is signed, ``(predicted - measured) / measured``. On CUDA, ``requested`` is the same peak in
+the bytes the program asked for (``PeakWindow.requested_peak_bytes``): ``measured`` minus it is the
+caching allocator's rounding at the peak, which depends on what the cache held (a forecast cannot see
+it; on CPU both are equal). Peers, each against the same measurement:
 ``torch FX`` is torch's FX-level estimate of the compiled graphs
 (``torch._inductor.fx_passes.memory_estimator``, CPU counted, no optimizer); ``solver`` is the
 partitioner's own estimate, the bytes of the activations it chose to save. ``overhead`` is the time
@@ -27,7 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lightning_memplan import forecast, measure_peak
+from lightning_memplan import forecast
+from lightning_memplan.measure import PeakWindow
 
 MiB = 2**20
 
@@ -104,12 +108,15 @@ def run_row(model_name: str, backend: str, budget: float, device: str) -> dict[s
     fc = forecast(model, inputs, budget=budget, backend=backend, optimizer=opt, loss_fn=lambda y: y.float().pow(2).mean())
     fc.step()
     gc.collect()
-    meas = measure_peak(fc.step, device=device)
+    with PeakWindow(device) as window:
+        fc.step()
+    meas, requested = window.peak_bytes, window.requested_peak_bytes
     reasons = sorted({r.decision.reason for r in fc.regions if r.decision is not None})
     return {
         "model": model_name, "backend": "inductor" if backend == "inductor" else "aot_eager_d_p",
         "budget": budget, "regions": len(fc.regions), "partitioner": ",".join(reasons) or "n/a",
         "predicted MiB": _mib(fc.peak_bytes), "measured MiB": _mib(meas), "error": _err(fc.peak_bytes, meas),
+        "requested MiB": _mib(requested), "error vs requested": _err(fc.peak_bytes, requested),
         "torch FX MiB": _mib(fc.torch_fx_estimate_bytes), "torch FX err": _err(fc.torch_fx_estimate_bytes, meas),
         "solver MiB": _mib(fc.solver_estimate_bytes), "solver err": _err(fc.solver_estimate_bytes, meas),
         "compile s": f"{fc.compile_seconds:.1f}",

@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n[1/3] forecast vs measured ({cfg['backend']})", flush=True)
     frows, f_s = _timed(lambda: forecast_section(cfg, deadline, args.row_seconds, reserve))
-    cols = ["model", "budget", "partitioner", "predicted MiB", "measured MiB", "error", "compile s"]
+    cols = ["model", "budget", "partitioner", "predicted MiB", "measured MiB", "error", "requested MiB",
+            "error vs requested", "compile s"]
     print(tabulate([[r.get(c, "") for c in cols] for r in frows], headers=cols, tablefmt="github"), flush=True)
 
     print(f"\n[2/3] plans on a GPT {cfg['gpt']} ({cfg['backend']})", flush=True)

@@ -1,8 +1,11 @@
 """Measured peak memory of a piece of work, on CUDA or CPU, behind one small interface.
 
 * CUDA: ``torch.cuda.reset_peak_memory_stats`` at the start of the window, then
-  ``max_memory_allocated() - memory_allocated()`` at its start (allocator statistics; the caching
-  allocator rounds blocks up to 512 bytes, and that is what it reports).
+  ``max_memory_allocated() - memory_allocated()`` at its start (allocator statistics: the bytes of
+  the blocks handed out, which the caching allocator rounds up to 512 bytes and, when a cached block
+  is too little larger to split, to that whole block). ``PeakWindow.requested_peak_bytes`` is the
+  same peak counted in the bytes the program asked for (``requested_bytes.all``), without rounding:
+  the quantity a forecast predicts; the difference is the allocator's rounding at the peak.
 * CPU: ``torch.profiler.profile(activities=[CPU], profile_memory=True)``; the peak of the running sum
   of the profiler's ``[memory]`` events (allocations positive, frees negative) ordered by time.
 
@@ -56,6 +59,10 @@ class PeakWindow:
         self.device = _resolve_device(device)
         #: Peak bytes above the bytes in use at entry; set on exit.
         self.peak_bytes: int = 0
+        #: CUDA only: the peak in bytes requested (before the allocator's rounding), above those
+        #: requested at entry; on CPU equal to ``peak_bytes``.
+        self.requested_peak_bytes: int = 0
+        self._requested_start = 0
         self._prof: Any = None
         self._start = 0
 
@@ -64,6 +71,7 @@ class PeakWindow:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._start = torch.cuda.memory_allocated(self.device)
+            self._requested_start = int(torch.cuda.memory_stats(self.device).get("requested_bytes.all.current", 0))
         else:
             from torch.profiler import ProfilerActivity, profile
 
@@ -77,11 +85,16 @@ class PeakWindow:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = max(torch.cuda.max_memory_allocated(self.device) - self._start, 0)
+            stats = torch.cuda.memory_stats(self.device)
+            requested = stats.get("requested_bytes.all.peak")
+            self.requested_peak_bytes = (self.peak_bytes if requested is None
+                                         else max(int(requested) - self._requested_start, 0))
             return
         with silence_native_output():  # kineto's USDT stop line
             self._prof.__exit__(exc_type, exc, tb)
         if exc_type is None:
             self.peak_bytes = running_peak([d for _, d in _compat.kineto_memory_events(self._prof)])
+            self.requested_peak_bytes = self.peak_bytes
 
 
 def measure_peak(step_fn: Callable[[], Any], *, device: str | torch.device | None = None) -> int:
