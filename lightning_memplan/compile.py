@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch.fx as fx
+import torch.nn as nn
 
 from lightning_memplan import _compat
 
@@ -328,6 +329,51 @@ def _copy_joint(gm: fx.GraphModule) -> fx.GraphModule:
     return new
 
 
+def _forward_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The joint graph's forward ``call_function`` nodes: those no tangent input flows into."""
+    backward: set[fx.Node] = set()
+    for node in gm.graph.nodes:  # topological order: users come after their inputs
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+                a in backward for a in node.all_input_nodes):
+            backward.add(node)
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n not in backward]
+
+
+def _owner(stack: dict[str, Any], blocks: Sequence[str], module_names: dict[str, str]) -> str | None:
+    """The block of ``blocks`` a node was traced in, from its ``nn_module_stack`` (keys are the
+    modules' ids in torch 2.13; the values' paths, e.g. ``L['model'].blocks.0``, are matched too)."""
+    for key, value in stack.items():
+        name = module_names.get(str(key))
+        if name in blocks:
+            return name
+        path = value[0] if isinstance(value, tuple) and value and isinstance(value[0], str) else ""
+        for block in blocks:
+            if path == block or path.endswith("." + block):
+                return block
+    return None
+
+
+def _tag_checkpointed(gm: fx.GraphModule, blocks: Sequence[str], module_names: dict[str, str]) -> int:
+    """Tag the forward nodes traced inside ``blocks`` as ``torch.utils.checkpoint`` does under
+    ``torch.compile`` (``recompute = PREFER_RECOMPUTE`` and one ``ac_graph_id`` per block), so the
+    partitioner recomputes them as if those blocks were checkpointed. Returns the nodes tagged."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    graph_ids = {b: 10_000 + i for i, b in enumerate(blocks)}
+    tagged = 0
+    for node in _forward_nodes(gm):
+        owner = _owner(node.meta.get("nn_module_stack") or {}, blocks, module_names)
+        if owner is not None:
+            node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+            node.meta["ac_graph_id"] = graph_ids[owner]
+            tagged += 1
+    return tagged
+
+
+SweepKey = tuple[tuple[str, ...], float]
+"""(checkpointed blocks, budget): one plan partitioned in a sweep."""
+
+
 # --------------------------------------------------------------------------- the backend
 class MemplanBackend:
     """A dynamo backend (``torch.compile(model, backend=...)``); build it with :func:`memplan_backend`.
@@ -338,7 +384,8 @@ class MemplanBackend:
 
     def __init__(self, *, budget: float, solver_name: str, solver_fn: SolverFn,
                  inner: Literal["inductor", "aot_eager"], capture: bool,
-                 sweep: tuple[float, ...] = ()) -> None:
+                 sweep: tuple[float, ...] = (), sweep_checkpoints: tuple[tuple[str, ...], ...] = (),
+                 module_names: dict[str, str] | None = None) -> None:
         self.budget = budget
         self.solver_name = solver_name
         self.inner = inner
@@ -347,20 +394,27 @@ class MemplanBackend:
         self._solver = _adapter_class()(solver_name, solver_fn, budget)
         #: Budgets partitioned besides (or including) ``budget`` on the same joint graph.
         self.sweep = sweep
-        self._sweep_solvers = {b: _adapter_class()(solver_name, solver_fn, b) for b in sweep if b != budget}
-        self._sweep_regions: dict[float, list[RegionCapture]] = {b: [] for b in self._sweep_solvers}
-        # the region the partitioner probes report to while a sweep budget is partitioned
+        #: Checkpoint sets emulated on the same joint graph (each with every budget).
+        self.sweep_checkpoints = sweep_checkpoints
+        self._module_names = dict(module_names or {})
+        budgets = tuple(dict.fromkeys((budget, *sweep)))
+        keys = [(ck, b) for ck in ((), *sweep_checkpoints) for b in budgets if (ck, b) != ((), budget)]
+        self._sweep_solvers = {b: _adapter_class()(solver_name, solver_fn, b) for b in budgets if keys}
+        self._sweep_regions: dict[SweepKey, list[RegionCapture]] = {k: [] for k in keys}
+        # the region the partitioner probes report to while a sweep plan is partitioned
         self._probe_region: RegionCapture | None = None
 
-    def sweep_regions(self, budget: float) -> list[RegionCapture]:
-        """The regions captured for a sweep budget, one per compiled region, in order: the backend's
-        own budget gives ``regions`` (graphs as compiled and run); any other gives the partitioner's
-        output for that budget on the same joint graph (never run)."""
-        if budget == self.budget:
+    def sweep_regions(self, budget: float, checkpoint: Sequence[str] = ()) -> list[RegionCapture]:
+        """The regions captured for a sweep plan, one per compiled region, in order: the backend's
+        own budget without checkpointing gives ``regions`` (graphs as compiled and run); any other
+        plan gives the partitioner's output for it on the same joint graph (never run)."""
+        key = (tuple(checkpoint), budget)
+        if key == ((), self.budget):
             return self.regions
-        if budget not in self._sweep_regions:
-            raise KeyError(f"budget {budget!r} is not in this backend's sweep {self.sweep!r}")
-        return self._sweep_regions[budget]
+        if key not in self._sweep_regions:
+            raise KeyError(f"plan (budget {budget!r}, checkpoint {tuple(checkpoint)!r}) is not in this backend's "
+                           f"sweep (budgets {self.sweep!r}, checkpoint sets {self.sweep_checkpoints!r})")
+        return self._sweep_regions[key]
 
     @property
     def errors(self) -> list[str]:
@@ -459,35 +513,41 @@ class MemplanBackend:
         every other sweep budget (same config scope, that budget's solver adapter, the same probes)
         and records each (forward, backward) pair and decision; the own budget's partition runs."""
         partition = functools.partial(_compat.min_cut_rematerialization_partition(), compiler="inductor")
-        if not self._sweep_solvers:
+        if not self._sweep_regions:
             return partition
 
         def partition_fn(joint: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
             import time
 
-            copies: dict[float, fx.GraphModule] = {}
-            for b in self._sweep_solvers:
-                try:
-                    copies[b] = _copy_joint(joint)
-                except Exception as err:  # noqa: BLE001
-                    self._sweep_regions[b][region.index].errors.append(
-                        f"sweep budget {b!r}: joint graph copy: {type(err).__name__}: {err}")
-            out = partition(joint, joint_inputs, **kw)
-            fconfig = _compat.functorch_config()
-            for b, gm in copies.items():
-                t0 = time.perf_counter()
-                r = self._sweep_regions[b][region.index]
+            copies: dict[SweepKey, fx.GraphModule] = {}
+            for key in self._sweep_regions:
+                r = self._sweep_regions[key][region.index]
                 # a later call (the main graph after a higher-order op's subgraph) replaces the record
                 r.fw_graph = r.bw_graph = r.decision = r.knapsack = None
-                r._min_cuts, r._solver_called = [], False
+                r._min_cuts, r._solver_called, r.errors = [], False, []
+                try:
+                    copies[key] = gm = _copy_joint(joint)
+                    if key[0] and not _tag_checkpointed(gm, key[0], self._module_names):
+                        del copies[key]
+                        r.errors.append(f"sweep checkpoint {key[0]!r}: no forward node was traced inside "
+                                        "these blocks (no nn_module_stack names them)")
+                except Exception as err:  # noqa: BLE001
+                    copies.pop(key, None)
+                    r.errors.append(f"sweep plan {key!r}: joint graph copy: {type(err).__name__}: {err}")
+            out = partition(joint, joint_inputs, **kw)
+            fconfig = _compat.functorch_config()
+            for (ck, b), gm in copies.items():
+                t0 = time.perf_counter()
+                r = self._sweep_regions[(ck, b)][region.index]
                 adapter = self._sweep_solvers[b]
                 adapter.region = r
                 self._probe_region = r
                 try:
                     with fconfig.patch(activation_memory_budget=b, activation_memory_budget_solver=adapter):
                         r.fw_graph, r.bw_graph = partition(gm, joint_inputs, **kw)
-                except Exception as err:  # noqa: BLE001 - a sweep budget must not break the compile
-                    r.errors.append(f"sweep budget {b!r}: partition: {type(err).__name__}: {err}")
+                except Exception as err:  # noqa: BLE001 - a sweep plan must not break the compile
+                    r.errors.append(f"sweep plan (budget {b!r}, checkpoint {ck!r}): partition: "
+                                    f"{type(err).__name__}: {err}")
                 finally:
                     self._probe_region = None
                     adapter.region = None
@@ -564,6 +624,8 @@ def memplan_backend(
     inner: str = "inductor",
     capture: bool = True,
     sweep: Sequence[float] = (),
+    sweep_checkpoints: Sequence[Sequence[str]] = (),
+    model: nn.Module | None = None,
 ) -> MemplanBackend:
     """A ``torch.compile`` backend with this activation memory budget and knapsack solver.
 
@@ -576,6 +638,12 @@ def memplan_backend(
         sweep: further budgets to partition the same joint graph under (``inner="aot_eager"`` only):
             one trace, one partition per budget, the own ``budget``'s runs; read each budget's
             captures with :meth:`MemplanBackend.sweep_regions`.
+        sweep_checkpoints: sets of ``model``'s submodules (qualified names) to emulate activation
+            checkpointing of, each partitioned under the own budget and every sweep budget: the
+            forward nodes traced inside them are tagged as ``torch.utils.checkpoint`` tags them
+            under ``torch.compile``. Needs ``model`` (the module compiled), an uncheckpointed trace
+            and ``inner="aot_eager"``.
+        model: the module compiled; only used to name submodules for ``sweep_checkpoints``.
 
     Raises:
         ValueError: a budget outside [0, 1], an unknown solver name or backend, a sweep with inductor
@@ -589,5 +657,31 @@ def memplan_backend(
     if sw and (kind != "aot_eager" or not capture):
         raise ValueError(f"`memplan_backend(sweep={tuple(sweep)!r})` needs inner='aot_eager' and capture=True "
                          f"(got inner={inner!r}, capture={capture!r}).")
+    cks = _check_checkpoint_sets(sweep_checkpoints, model, "memplan_backend", "sweep_checkpoints")
+    if cks and (kind != "aot_eager" or not capture):
+        raise ValueError(f"`memplan_backend(sweep_checkpoints={tuple(sweep_checkpoints)!r})` needs inner='aot_eager' "
+                         f"and capture=True (got inner={inner!r}, capture={capture!r}).")
+    names = {str(id(m)): n for n, m in model.named_modules()} if cks and model is not None else {}
     _compat.check_torch_version()
-    return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture, sweep=sw)
+    return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture, sweep=sw,
+                          sweep_checkpoints=cks, module_names=names)
+
+
+def _check_checkpoint_sets(sets: Sequence[Sequence[str]], model: nn.Module | None, call: str,
+                           arg: str = "checkpoint_sets") -> tuple[tuple[str, ...], ...]:
+    """Validated non-empty checkpoint sets (the empty set, no checkpointing, is always planned)."""
+    if isinstance(sets, str) or not isinstance(sets, Sequence) or any(
+            isinstance(s, str) or not isinstance(s, Sequence) or not all(isinstance(n, str) for n in s) for s in sets):
+        raise ValueError(f"`{call}({arg}={sets!r})` must be a sequence of sequences of submodule names, "
+                         "e.g. [(), ('blocks.0', 'blocks.1')].")
+    out = tuple(dict.fromkeys(tuple(s) for s in sets if len(s)))
+    if not out:
+        return out
+    if model is None:
+        raise ValueError(f"`{call}({arg}={sets!r})` needs the model, to name its submodules.")
+    known = {n for n, _ in model.named_modules()}
+    missing = sorted({n for s in out for n in s} - known)
+    if missing:
+        raise ValueError(f"`{call}({arg}=...)`: {missing!r} are not submodules of the model; use names "
+                         f"from `model.named_modules()`, e.g. {sorted(known - {''})[:4]!r}.")
+    return out

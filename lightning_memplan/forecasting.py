@@ -47,7 +47,8 @@ from lightning_memplan.estimator import GRADIENTS, RegionMemory, profile_region
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.workspace import probe_workspace
 
-__all__ = ["Forecast", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_sweep"]
+__all__ = ["Forecast", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_grid",
+           "forecast_sweep"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -545,37 +546,91 @@ def forecast_sweep(
         ValueError: bad arguments (as :func:`forecast`), or no budget.
         RuntimeError: a torch without the features needed (torch < 2.11).
     """
+    grid = _grid(model, example_inputs, budgets=budgets, checkpoint_sets=((),), solver=solver, loss_fn=loss_fn,
+                 optimizer=optimizer, call="forecast_sweep")
+    return {b: fc for (_, b), fc in grid.items()}
+
+
+def forecast_grid(
+    model: nn.Module,
+    example_inputs: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    budgets: Sequence[float],
+    checkpoint_sets: Sequence[Sequence[str]],
+    solver: str | Callable[..., Any] = "dp",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> dict[tuple[tuple[str, ...], float], Forecast]:
+    """Forecast every plan (checkpointed blocks, budget) from ONE compile of the unchanged model.
+
+    Like :func:`forecast_sweep`, and each non-empty checkpoint set (qualified names from
+    ``model.named_modules()``) is emulated on the same joint graph: the forward nodes traced inside
+    those blocks are tagged as ``torch.utils.checkpoint`` tags them under ``torch.compile``, so the
+    partitioner recomputes them. Each forecast equals :func:`forecast` (``aot_eager``) of the model
+    with those blocks wrapped by :func:`lightning_memplan.checkpointing.checkpointed` (tested on
+    residual MLP and transformer blocks). Only ``((), budgets[0])``, the plan compiled to run, trains;
+    a plan whose blocks could not be found in the graph gets a ``"failed"`` forecast saying so.
+
+    Returns ``{(checkpoint_set, budget): Forecast}``, sets in the order given, then budgets.
+
+    Raises:
+        ValueError: bad arguments (as :func:`forecast`), no budget, or a name that is not a submodule.
+        RuntimeError: a torch without the features needed (torch < 2.11).
+    """
+    return _grid(model, example_inputs, budgets=budgets, checkpoint_sets=checkpoint_sets, solver=solver,
+                 loss_fn=loss_fn, optimizer=optimizer, call="forecast_grid")
+
+
+def _grid(
+    model: nn.Module,
+    example_inputs: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    budgets: Sequence[float],
+    checkpoint_sets: Sequence[Sequence[str]],
+    solver: str | Callable[..., Any],
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    optimizer: torch.optim.Optimizer | None,
+    call: str,
+) -> dict[tuple[tuple[str, ...], float], Forecast]:
     if isinstance(budgets, (int, float)) or not budgets:
-        raise ValueError(f"`forecast_sweep(budgets={budgets!r})` must be a non-empty sequence of budgets in [0, 1].")
-    bs = tuple(dict.fromkeys(_check_budget(b, "forecast_sweep") for b in budgets))
-    solver_name, _ = resolve_solver(solver, "forecast_sweep")  # type: ignore[arg-type]
+        raise ValueError(f"`{call}(budgets={budgets!r})` must be a non-empty sequence of budgets in [0, 1].")
+    bs = tuple(dict.fromkeys(_check_budget(b, call) for b in budgets))
+    solver_name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
     inputs = _check_args(model, example_inputs, loss_fn, optimizer)
-    be = memplan_backend(budget=bs[0], solver=solver, inner="aot_eager", sweep=bs)  # type: ignore[arg-type]
+    from lightning_memplan.compile import _check_checkpoint_sets
+
+    emulated = _check_checkpoint_sets(checkpoint_sets, model, call)
+    sets = tuple(dict.fromkeys(tuple(s) for s in checkpoint_sets))
+    be = memplan_backend(budget=bs[0], solver=solver, inner="aot_eager", sweep=bs,  # type: ignore[arg-type]
+                         sweep_checkpoints=emulated, model=model)
     step, params, compile_seconds = _compile_step(be, model, inputs, loss_fn, optimizer)
 
-    out: dict[float, Forecast] = {}
-    opt_mem = optimizer_memory(optimizer) if optimizer is not None else None  # the same for every budget
-    for b in bs:
-        if b == bs[0]:
-            view, regions, run = be, be.regions, step
-        else:
-            regions = list(be.sweep_regions(b))
-            for i, (r, own) in enumerate(zip(regions, be.regions)):
-                if r.fw_graph is None and not r.errors and own.bw_graph is None and own.decision is None:
-                    regions[i] = own  # not partitioned (an inference graph): the same under every budget
-            view = memplan_backend(budget=b, solver=solver, inner="aot_eager")  # type: ignore[arg-type]
-            view.regions = regions
-            run = functools.partial(_not_compiled, b, bs[0])
-        out[b] = _assemble(view, regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
-                           inner="aot_eager", budget=b, solver_name=solver_name,
-                           compile_seconds=compile_seconds, step=run, stacklevel=3,
-                           extra_seconds=sum(r.compile_seconds for r in regions) if b != bs[0] else 0.0,
-                           opt_mem=opt_mem)
+    out: dict[tuple[tuple[str, ...], float], Forecast] = {}
+    opt_mem = optimizer_memory(optimizer) if optimizer is not None else None  # the same for every plan
+    for ck in sets:
+        for b in bs:
+            if (ck, b) == ((), bs[0]):
+                view, regions, run = be, be.regions, step
+            else:
+                regions = list(be.sweep_regions(b, ck))
+                for i, (r, own) in enumerate(zip(regions, be.regions)):
+                    if r.fw_graph is None and not r.errors and own.bw_graph is None and own.decision is None:
+                        regions[i] = own  # not partitioned (an inference graph): the same under every plan
+                view = memplan_backend(budget=b, solver=solver, inner="aot_eager")  # type: ignore[arg-type]
+                view.regions = regions
+                run = functools.partial(_not_compiled, b, ck, bs[0])
+            out[(ck, b)] = _assemble(view, regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
+                                     inner="aot_eager", budget=b, solver_name=solver_name,
+                                     compile_seconds=compile_seconds, step=run, stacklevel=4,
+                                     extra_seconds=sum(r.compile_seconds for r in regions) if run is not step else 0.0,
+                                     opt_mem=opt_mem)
     return out
 
 
-def _not_compiled(budget: float, ran: float) -> torch.Tensor:
+def _not_compiled(budget: float, checkpoint: tuple[str, ...], ran: float) -> torch.Tensor:
+    ck = f" with {list(checkpoint)!r} checkpointed" if checkpoint else ""
     raise RuntimeError(
-        f"forecast_sweep forecast budget {budget!r} from the partition of a shared compile; only the first "
-        f"budget ({ran!r}) was compiled to run. Call `forecast(..., budget={budget!r})` to train with this plan."
+        f"this forecast of budget {budget!r}{ck} came from the partition of a shared compile; only budget "
+        f"{ran!r} without checkpointing was compiled to run. Call `forecast(..., budget={budget!r})` (inside "
+        "`checkpointed(model, blocks)` for checkpointed blocks) to train with this plan."
     )

@@ -100,17 +100,27 @@ def search(
         PlanDoesNotFit: ``max_memory`` given and no forecast fits it.
         RuntimeError: every candidate's forecast failed (the message has the first cause).
     """
-    from .forecasting import forecast, forecast_sweep
+    from .forecasting import forecast, forecast_grid, forecast_sweep
 
     t0 = time.perf_counter()
     candidates: list[Candidate] = []
     baseline: int | None = None
-    for ck in checkpoint_sets:
+    sets = [tuple(ck) for ck in checkpoint_sets]
+    # aot_eager: ONE trace of the unchanged model; its joint graph is partitioned under every budget
+    # and every checkpoint set (emulated by recompute tags, as torch.utils.checkpoint sets them)
+    grid: dict[tuple[tuple[str, ...], float], Any] = {}
+    if backend in ("aot_eager", "aot_eager_decomp_partition") and budgets:
+        try:
+            grid = forecast_grid(model, tuple(example_inputs), budgets=tuple(budgets), checkpoint_sets=sets,
+                                 solver=solver, loss_fn=loss_fn, optimizer=optimizer)
+        except Exception:  # noqa: BLE001 - fall back to one trace per checkpoint set
+            grid = {}
+    for ck in sets:
         with checkpointed(model, ck):
-            # aot_eager: one trace per checkpoint set, the joint graph partitioned under every budget
-            swept: dict[float, Any] = {}
-            if backend in ("aot_eager", "aot_eager_decomp_partition") and budgets:
-                try:
+            swept: dict[float, Any] = {b: grid[(ck, b)] for b in budgets
+                                       if (ck, b) in grid and grid[(ck, b)].status == "ok"}
+            if len(swept) < len(budgets) and backend in ("aot_eager", "aot_eager_decomp_partition") and budgets:
+                try:  # the emulation failed for this set: one trace with the blocks really wrapped
                     swept = forecast_sweep(model, tuple(example_inputs), budgets=tuple(budgets), solver=solver,
                                            loss_fn=loss_fn, optimizer=optimizer)
                 except Exception:  # noqa: BLE001 - fall back to one forecast per budget

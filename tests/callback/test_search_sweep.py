@@ -1,4 +1,4 @@
-"""search() on aot_eager traces once per checkpoint set, whatever the number of budgets."""
+"""search() on aot_eager traces once, whatever the number of budgets and checkpoint sets."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +8,7 @@ import lightning_memplan.compile as compile_mod
 from lightning_memplan.search import search
 
 
-def test_one_trace_per_checkpoint_set(monkeypatch) -> None:  # noqa: ANN001
+def test_one_trace_for_every_plan(monkeypatch) -> None:  # noqa: ANN001
     calls: list[float] = []
     orig = compile_mod.MemplanBackend.__call__
 
@@ -22,8 +22,30 @@ def test_one_trace_per_checkpoint_set(monkeypatch) -> None:  # noqa: ANN001
     seen = []
     result = search(model, (torch.randn(16, 64),), budgets=(1.0, 0.5, 0.1), checkpoint_sets=((), ("0",)),
                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1), on_candidate=seen.append)
-    assert len(calls) == 2  # one dynamo backend call (one region) per checkpoint set
+    assert calls == [1.0]  # one dynamo backend call (one region): checkpoint sets are emulated on its graph
     assert [(c.budget, c.checkpoint) for c in seen] == [
         (b, ck) for ck in ((), ("0",)) for b in (1.0, 0.5, 0.1)]
     assert all(c.peak_bytes is not None and c.cost is not None for c in seen), [c.note for c in seen]
     assert result.plan.candidates == tuple(seen)
+
+
+def test_the_emulated_candidates_equal_a_search_with_one_trace_per_set(monkeypatch) -> None:  # noqa: ANN001
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64), nn.GELU(), nn.Linear(64, 1))
+
+    kw = dict(budgets=(1.0, 0.3), checkpoint_sets=((), ("0",), ("0", "2")))
+    x = torch.randn(256, 64)
+    one = search(make(), (x,), **kw).plan.candidates
+
+    refused: list[int] = []
+
+    def no_grid(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        refused.append(1)
+        raise RuntimeError("grid disabled")
+
+    monkeypatch.setattr("lightning_memplan.forecasting.forecast_grid", no_grid)
+    # the fallback path: one trace per set, with the blocks really wrapped
+    per_set = search(make(), (x,), **kw).plan.candidates
+    assert refused == [1]
+    assert [(c.budget, c.checkpoint, c.peak_bytes) for c in one] == [(c.budget, c.checkpoint, c.peak_bytes) for c in per_set]

@@ -85,7 +85,7 @@ def test_only_the_first_budget_steps(pair) -> None:  # noqa: ANN001
     loss = swept[BUDGETS[0]].step()
     assert torch.isfinite(loss)
     for b in BUDGETS[1:]:
-        with pytest.raises(RuntimeError, match="only the first budget"):
+        with pytest.raises(RuntimeError, match=r"only budget .* without checkpointing was compiled to run"):
             swept[b].step()
 
 

@@ -1,0 +1,108 @@
+"""forecast_grid: every (checkpoint set, budget) plan from one compile, checkpointing emulated by tags."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lightning_memplan import forecast
+from lightning_memplan.checkpointing import checkpointed
+from lightning_memplan.forecasting import forecast_grid
+
+
+class Residual(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.ln, self.qkv, self.proj = heads, nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = Residual(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.ln(x)).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        return self.mlp(x + self.proj(y))
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks: list[nn.Module], width: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(width, 1)
+        self.unused = Residual(width)  # never called in forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def _mlp() -> tuple[Stack, torch.Tensor]:
+    torch.manual_seed(0)
+    return Stack([Residual(64) for _ in range(4)], 64), torch.randn(512, 64)
+
+
+def _gpt() -> tuple[Stack, torch.Tensor]:
+    torch.manual_seed(0)
+    return Stack([Attention(32) for _ in range(3)], 32), torch.randn(8, 64, 32)
+
+
+@pytest.mark.parametrize(("make", "sets", "budgets"), [
+    (_mlp, [(), ("blocks.1", "blocks.3"), ("blocks.0", "blocks.1", "blocks.2", "blocks.3")], (1.0, 0.4)),
+    (_gpt, [(), ("blocks.1",), ("blocks.0", "blocks.1", "blocks.2")], (1.0, 0.3)),
+], ids=["residual-mlp", "attention"])
+def test_emulated_checkpointing_equals_the_real_wrapper(make, sets, budgets) -> None:  # noqa: ANN001
+    model, x = make()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    grid = forecast_grid(model, (x,), budgets=budgets, checkpoint_sets=sets, optimizer=opt)
+    assert list(grid) == [(tuple(s), b) for s in sets for b in budgets]
+    peaks = {}
+    for s in sets:
+        for b in budgets:
+            torch._dynamo.reset()
+            with checkpointed(model, s):
+                real = forecast(model, (x,), budget=b, backend="aot_eager", optimizer=opt)
+            got = grid[(tuple(s), b)]
+            assert got.status == "ok", got.problems
+            assert got.peak_bytes == real.peak_bytes, (s, b)
+            # the same activations saved (node names may differ: the checkpoint wrapper traces its own aliases)
+            assert [r.decision.saved_bytes for r in got.regions] == [r.decision.saved_bytes for r in real.regions]
+            assert [len(r.decision.saved_names) for r in got.regions] == [len(r.decision.saved_names) for r in real.regions]
+            peaks[(tuple(s), b)] = got.peak_bytes
+    every = tuple(sets[-1])
+    assert peaks[(every, 1.0)] < peaks[((), 1.0)]  # checkpointing every block saves memory
+
+
+def test_only_the_compiled_plan_trains_and_bad_names_are_refused() -> None:
+    model, x = _mlp()
+    grid = forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), ("blocks.0",)])
+    assert torch.isfinite(grid[((), 1.0)].step())
+    with pytest.raises(RuntimeError, match=r"budget 1\.0 with \['blocks\.0'\] checkpointed came from the partition"):
+        grid[(("blocks.0",), 1.0)].step()
+    with pytest.raises(ValueError, match=r"`forecast_grid\(checkpoint_sets=\.\.\.\)`: \['blocks\.9'\] are not submodules"):
+        forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[("blocks.9",)])
+    with pytest.raises(ValueError, match=r"`forecast_grid\(checkpoint_sets='blocks\.0'\)` must be a sequence of sequences"):
+        forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets="blocks.0")  # type: ignore[arg-type]
+
+
+def test_a_block_that_never_runs_gives_a_failed_forecast_that_says_why() -> None:
+    model, x = _mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        grid = forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), ("unused",)])
+    bad = grid[(("unused",), 1.0)]
+    assert bad.status == "failed" and bad.peak_bytes is None
+    assert any("no forward node was traced inside these blocks" in p for p in bad.problems)
+    assert grid[((), 1.0)].status == "ok"
