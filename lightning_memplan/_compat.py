@@ -86,6 +86,7 @@ def torch_dp_knapsack() -> Callable[..., Any]:
 def probe_partitioner(
     on_min_cut: Callable[[Any, tuple[list[torch.fx.Node], Any]], None],
     on_choose: Callable[[float, list[torch.fx.Node]], None],
+    min_cut_scope: Callable[[], object | None] | None = None,
 ) -> Iterator[None]:
     """Observe the partitioner's decision without changing it.
 
@@ -93,13 +94,35 @@ def probe_partitioner(
     ``partitioners.choose_saved_values_set`` (``on_choose(memory_budget, saved_values)`` after it
     returns). Both are looked up as module globals at call time, so replacing the module attributes
     is enough; they are restored on exit, also on error.
+
+    ``min_cut_scope``: when it returns a key (not None), min-cut results are memoized under
+    (key, min-cut options, names of the nodes not to ban) and replayed by node name. Give one key
+    per joint graph (copies of one graph share it): the cut depends on the graph and those
+    arguments, never on the memory budget, so partitioning one graph under several budgets solves
+    each distinct cut once.
     """
     mod = importlib.import_module("torch._functorch.partitioners")
     orig_min_cut = require("torch._functorch.partitioners", "solve_min_cut")
     orig_choose = require("torch._functorch.partitioners", "choose_saved_values_set")
+    memo: dict[object, tuple[list[str], list[str], type]] = {}
 
-    def solve_min_cut(joint_graph: Any, node_info: Any, *args: Any, **kwargs: Any) -> Any:
-        result = orig_min_cut(joint_graph, node_info, *args, **kwargs)
+    def solve_min_cut(joint_graph: Any, node_info: Any, min_cut_options: Any = None, dont_ban: Any = None,
+                      *args: Any, **kwargs: Any) -> Any:
+        scope = min_cut_scope() if min_cut_scope is not None else None
+        key = None
+        if scope is not None and not args and not kwargs:
+            key = (scope, repr(min_cut_options), tuple(sorted(n.name for n in (dont_ban or ()))))
+        hit = memo.get(key) if key is not None else None
+        if hit is not None:
+            saved_names, banned_names, banned_type = hit
+            by_name = {n.name: n for n in joint_graph.nodes}
+            if all(n in by_name for n in (*saved_names, *banned_names)):
+                result = ([by_name[n] for n in saved_names], banned_type(by_name[n] for n in banned_names))
+                on_min_cut(node_info, result)
+                return result
+        result = orig_min_cut(joint_graph, node_info, min_cut_options, dont_ban, *args, **kwargs)
+        if key is not None:
+            memo[key] = ([n.name for n in result[0]], [n.name for n in result[1]], type(result[1]))
         on_min_cut(node_info, result)
         return result
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -403,6 +404,10 @@ class MemplanBackend:
         self._sweep_regions: dict[SweepKey, list[RegionCapture]] = {k: [] for k in keys}
         # the region the partitioner probes report to while a sweep plan is partitioned
         self._probe_region: RegionCapture | None = None
+        # the joint graph being partitioned (region, call, checkpoint set): min cuts are memoized per
+        # scope while a sweep partitions copies of one graph; None outside sweeps
+        self._min_cut_scope: tuple[int, int, tuple[str, ...]] | None = None
+        self._partition_calls: dict[int, int] = {}
 
     def sweep_regions(self, budget: float, checkpoint: Sequence[str] = ()) -> list[RegionCapture]:
         """The regions captured for a sweep plan, one per compiled region, in order: the backend's
@@ -446,7 +451,7 @@ class MemplanBackend:
                 r.errors.append(f"decision: {type(err).__name__}: {err}")
 
         try:
-            stack.enter_context(_compat.probe_partitioner(on_min_cut, on_choose))
+            stack.enter_context(_compat.probe_partitioner(on_min_cut, on_choose, lambda: self._min_cut_scope))
         except RuntimeError as err:
             region.errors.append(f"partitioner probe unavailable: {err}")
         return stack
@@ -534,14 +539,28 @@ class MemplanBackend:
                 except Exception as err:  # noqa: BLE001
                     copies.pop(key, None)
                     r.errors.append(f"sweep plan {key!r}: joint graph copy: {type(err).__name__}: {err}")
-            out = partition(joint, joint_inputs, **kw)
+            call = self._partition_calls[region.index] = self._partition_calls.get(region.index, -1) + 1
+            self._min_cut_scope = (region.index, call, ())
+            try:
+                out = partition(joint, joint_inputs, **kw)
+            finally:
+                self._min_cut_scope = None
             fconfig = _compat.functorch_config()
+            # a plan whose partitioner found nothing more to recompute gives the same partition
+            # under every lower budget: (budget, region) where that happened, per checkpoint set
+            floor: dict[tuple[str, ...], tuple[float, RegionCapture]] = {}
             for (ck, b), gm in copies.items():
                 t0 = time.perf_counter()
                 r = self._sweep_regions[(ck, b)][region.index]
+                if ck in floor and b <= floor[ck][0]:
+                    same = floor[ck][1]
+                    r.fw_graph, r.bw_graph, r.knapsack = same.fw_graph, same.bw_graph, same.knapsack
+                    r.decision = dataclasses.replace(same.decision, budget=b) if same.decision else None
+                    continue
                 adapter = self._sweep_solvers[b]
                 adapter.region = r
                 self._probe_region = r
+                self._min_cut_scope = (region.index, call, ck)
                 try:
                     with fconfig.patch(activation_memory_budget=b, activation_memory_budget_solver=adapter):
                         r.fw_graph, r.bw_graph = partition(gm, joint_inputs, **kw)
@@ -550,8 +569,11 @@ class MemplanBackend:
                                     f"{type(err).__name__}: {err}")
                 finally:
                     self._probe_region = None
+                    self._min_cut_scope = None
                     adapter.region = None
                     r.compile_seconds += time.perf_counter() - t0
+                if r.decision is not None and r.decision.reason == "nothing_recomputable" and not r.errors:
+                    floor[ck] = (b, r)
             return out
 
         return partition_fn
