@@ -126,7 +126,8 @@ def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
             auto = decide_plan(settings, model, model.forward, (idx,), {}, opt, call="gpu_check")
             decide_s = time.perf_counter() - t0
             plans.append((f"auto (budget {auto.budget:g}, {len(auto.checkpoint)} ckpt)", auto.budget, auto.checkpoint))
-            print(f"  auto decided in {decide_s:.1f} s: {plans[-1][0]} of {len(auto.candidates)} candidates", flush=True)
+            print(f"  auto decided in {decide_s:.1f} s: {plans[-1][0]} of {len(auto.candidates)} candidates",
+                  flush=True)
             for i, c in enumerate(auto.candidates):
                 mark = " <- chosen" if i == auto.chosen else (" <- knee" if i == auto.knee else "")
                 print(f"    candidate {c.label}: forecast {_mib(c.peak_bytes)} MiB, cost {c.cost or 0:.3g} FLOPs{mark}",

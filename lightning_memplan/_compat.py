@@ -352,9 +352,9 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
     """Replay the memory-planned lines of inductor's Python wrapper: bytes live after each line.
 
     Allocations (``AllocateLine``, an extern kernel's fresh output, each output of a multi-output
-    kernel, counted at the kernel's line, where the kernel allocates it) add their storage bytes; ``ReuseLine``/``ReinterpretLine`` give a storage a second name;
-    ``FreeLine``/``FreeIfNotReusedLine`` (when not reused) drop a name, and a storage is freed when its
-    last name is gone. Graph inputs inductor may free (not primals or tangents) count from the start.
+    kernel, counted at the kernel's line, where the kernel allocates it) add their storage bytes;
+    ``ReuseLine``/``ReinterpretLine`` give a storage a second name; ``FreeLine``/``FreeIfNotReusedLine``
+    (when not reused) drop a name, and a storage is freed when its last name is gone. Graph inputs inductor may free (not primals or tangents) count from the start.
     The last entry is what stays when the graph returns: the storages of its outputs.
     Returns (timeline, freeable input bytes, FX origin names of each extern-kernel step).
     """
