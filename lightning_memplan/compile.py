@@ -386,7 +386,7 @@ class MemplanBackend:
     def __init__(self, *, budget: float, solver_name: str, solver_fn: SolverFn,
                  inner: Literal["inductor", "aot_eager"], capture: bool,
                  sweep: tuple[float, ...] = (), sweep_checkpoints: tuple[tuple[str, ...], ...] = (),
-                 module_names: dict[str, str] | None = None) -> None:
+                 module_names: dict[str, str] | None = None, run_checkpoint: tuple[str, ...] = ()) -> None:
         self.budget = budget
         self.solver_name = solver_name
         self.inner = inner
@@ -398,8 +398,11 @@ class MemplanBackend:
         #: Checkpoint sets emulated on the same joint graph (each with every budget).
         self.sweep_checkpoints = sweep_checkpoints
         self._module_names = dict(module_names or {})
+        #: Blocks whose checkpointing is emulated in the plan that is compiled and run (with ``budget``).
+        self.run_checkpoint = run_checkpoint
         budgets = tuple(dict.fromkeys((budget, *sweep)))
-        keys = [(ck, b) for ck in ((), *sweep_checkpoints) for b in budgets if (ck, b) != ((), budget)]
+        sets = tuple(dict.fromkeys(((), *sweep_checkpoints, run_checkpoint)))
+        keys = [(ck, b) for ck in sets for b in budgets if (ck, b) != (run_checkpoint, budget)]
         self._sweep_solvers = {b: _adapter_class()(solver_name, solver_fn, b) for b in budgets if keys}
         self._sweep_regions: dict[SweepKey, list[RegionCapture]] = {k: [] for k in keys}
         # the region the partitioner probes report to while a sweep plan is partitioned
@@ -411,10 +414,10 @@ class MemplanBackend:
 
     def sweep_regions(self, budget: float, checkpoint: Sequence[str] = ()) -> list[RegionCapture]:
         """The regions captured for a sweep plan, one per compiled region, in order: the backend's
-        own budget without checkpointing gives ``regions`` (graphs as compiled and run); any other
-        plan gives the partitioner's output for it on the same joint graph (never run)."""
+        own plan (``run_checkpoint``, ``budget``) gives ``regions`` (graphs as compiled and run); any
+        other plan gives the partitioner's output for it on the same joint graph (never run)."""
         key = (tuple(checkpoint), budget)
-        if key == ((), self.budget):
+        if key == (self.run_checkpoint, self.budget):
             return self.regions
         if key not in self._sweep_regions:
             raise KeyError(f"plan (budget {budget!r}, checkpoint {tuple(checkpoint)!r}) is not in this backend's "
@@ -540,7 +543,11 @@ class MemplanBackend:
                     copies.pop(key, None)
                     r.errors.append(f"sweep plan {key!r}: joint graph copy: {type(err).__name__}: {err}")
             call = self._partition_calls[region.index] = self._partition_calls.get(region.index, -1) + 1
-            self._min_cut_scope = (region.index, call, ())
+            run_ck = self.run_checkpoint
+            if run_ck and not _tag_checkpointed(joint, run_ck, self._module_names):
+                region.errors.append(f"run checkpoint {run_ck!r}: no forward node was traced inside these "
+                                     "blocks; the run plan is not checkpointed")
+            self._min_cut_scope = (region.index, call, run_ck)
             try:
                 out = partition(joint, joint_inputs, **kw)
             finally:
@@ -648,6 +655,7 @@ def memplan_backend(
     sweep: Sequence[float] = (),
     sweep_checkpoints: Sequence[Sequence[str]] = (),
     model: nn.Module | None = None,
+    run_checkpoint: Sequence[str] = (),
 ) -> MemplanBackend:
     """A ``torch.compile`` backend with this activation memory budget and knapsack solver.
 
@@ -666,6 +674,8 @@ def memplan_backend(
             under ``torch.compile``. Needs ``model`` (the module compiled), an uncheckpointed trace
             and ``inner="aot_eager"``.
         model: the module compiled; only used to name submodules for ``sweep_checkpoints``.
+        run_checkpoint: blocks whose checkpointing is emulated (the same tags) in the plan that is
+            compiled and run, e.g. every block, so a sweep's one real step needs the least memory.
 
     Raises:
         ValueError: a budget outside [0, 1], an unknown solver name or backend, a sweep with inductor
@@ -683,10 +693,15 @@ def memplan_backend(
     if cks and (kind != "aot_eager" or not capture):
         raise ValueError(f"`memplan_backend(sweep_checkpoints={tuple(sweep_checkpoints)!r})` needs inner='aot_eager' "
                          f"and capture=True (got inner={inner!r}, capture={capture!r}).")
-    names = {str(id(m)): n for n, m in model.named_modules()} if cks and model is not None else {}
+    run_ck = _check_checkpoint_sets([tuple(run_checkpoint)], model, "memplan_backend", "run_checkpoint")
+    if run_ck and (kind != "aot_eager" or not capture):
+        raise ValueError(f"`memplan_backend(run_checkpoint={tuple(run_checkpoint)!r})` needs inner='aot_eager' "
+                         f"and capture=True (got inner={inner!r}, capture={capture!r}).")
+    named = cks or run_ck
+    names = {str(id(m)): n for n, m in model.named_modules()} if named and model is not None else {}
     _compat.check_torch_version()
     return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture, sweep=sw,
-                          sweep_checkpoints=cks, module_names=names)
+                          sweep_checkpoints=cks, module_names=names, run_checkpoint=run_ck[0] if run_ck else ())
 
 
 def _check_checkpoint_sets(sets: Sequence[Sequence[str]], model: nn.Module | None, call: str,

@@ -560,6 +560,7 @@ def forecast_grid(
     solver: str | Callable[..., Any] = "dp",
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    run: tuple[Sequence[str], float] | None = None,
 ) -> dict[tuple[tuple[str, ...], float], Forecast]:
     """Forecast every plan (checkpointed blocks, budget) from ONE compile of the unchanged model.
 
@@ -568,8 +569,11 @@ def forecast_grid(
     those blocks are tagged as ``torch.utils.checkpoint`` tags them under ``torch.compile``, so the
     partitioner recomputes them. Each forecast equals :func:`forecast` (``aot_eager``) of the model
     with those blocks wrapped by :func:`lightning_memplan.checkpointing.checkpointed` (tested on
-    residual MLP and transformer blocks). Only ``((), budgets[0])``, the plan compiled to run, trains;
-    a plan whose blocks could not be found in the graph gets a ``"failed"`` forecast saying so.
+    residual MLP and transformer blocks). Only the plan compiled to run, ``run`` (default
+    ``((), budgets[0])``), trains; the compiling forward and backward run that plan, so naming the
+    most frugal one (e.g. every block checkpointed) keeps the search's one real step small when the
+    unplanned model would not fit. A plan whose blocks could not be found in the graph gets a
+    ``"failed"`` forecast saying so.
 
     Returns ``{(checkpoint_set, budget): Forecast}``, sets in the order given, then budgets.
 
@@ -578,7 +582,7 @@ def forecast_grid(
         RuntimeError: a torch without the features needed (torch < 2.11).
     """
     return _grid(model, example_inputs, budgets=budgets, checkpoint_sets=checkpoint_sets, solver=solver,
-                 loss_fn=loss_fn, optimizer=optimizer, call="forecast_grid")
+                 loss_fn=loss_fn, optimizer=optimizer, call="forecast_grid", run=run)
 
 
 def _grid(
@@ -591,6 +595,7 @@ def _grid(
     loss_fn: Callable[[Any], torch.Tensor] | None,
     optimizer: torch.optim.Optimizer | None,
     call: str,
+    run: tuple[Sequence[str], float] | None = None,
 ) -> dict[tuple[tuple[str, ...], float], Forecast]:
     if isinstance(budgets, (int, float)) or not budgets:
         raise ValueError(f"`{call}(budgets={budgets!r})` must be a non-empty sequence of budgets in [0, 1].")
@@ -601,16 +606,20 @@ def _grid(
 
     emulated = _check_checkpoint_sets(checkpoint_sets, model, call)
     sets = tuple(dict.fromkeys(tuple(s) for s in checkpoint_sets))
-    be = memplan_backend(budget=bs[0], solver=solver, inner="aot_eager", sweep=bs,  # type: ignore[arg-type]
-                         sweep_checkpoints=emulated, model=model)
+    run_ck, run_b = ((), bs[0]) if run is None else (tuple(run[0]), run[1])
+    if run is not None and (run_ck not in sets or run_b not in bs):
+        raise ValueError(f"`{call}(run={run!r})` must be one of the plans: a checkpoint set of checkpoint_sets "
+                         f"and a budget of budgets, e.g. ({list(sets[-1])!r}, {bs[0]!r}).")
+    be = memplan_backend(budget=run_b, solver=solver, inner="aot_eager", sweep=bs,  # type: ignore[arg-type]
+                         sweep_checkpoints=emulated, model=model, run_checkpoint=run_ck)
     step, params, compile_seconds = _compile_step(be, model, inputs, loss_fn, optimizer)
 
     out: dict[tuple[tuple[str, ...], float], Forecast] = {}
     opt_mem = optimizer_memory(optimizer) if optimizer is not None else None  # the same for every plan
     for ck in sets:
         for b in bs:
-            if (ck, b) == ((), bs[0]):
-                view, regions, run = be, be.regions, step
+            if (ck, b) == (run_ck, run_b):
+                view, regions, run_step = be, be.regions, step
             else:
                 regions = list(be.sweep_regions(b, ck))
                 for i, (r, own) in enumerate(zip(regions, be.regions)):
@@ -618,19 +627,22 @@ def _grid(
                         regions[i] = own  # not partitioned (an inference graph): the same under every plan
                 view = memplan_backend(budget=b, solver=solver, inner="aot_eager")  # type: ignore[arg-type]
                 view.regions = regions
-                run = functools.partial(_not_compiled, b, ck, bs[0])
+                run_step = functools.partial(_not_compiled, b, ck, run_ck, run_b)
             out[(ck, b)] = _assemble(view, regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
                                      inner="aot_eager", budget=b, solver_name=solver_name,
-                                     compile_seconds=compile_seconds, step=run, stacklevel=4,
-                                     extra_seconds=sum(r.compile_seconds for r in regions) if run is not step else 0.0,
+                                     compile_seconds=compile_seconds, step=run_step, stacklevel=4,
+                                     extra_seconds=(sum(r.compile_seconds for r in regions)
+                                                    if run_step is not step else 0.0),
                                      opt_mem=opt_mem)
     return out
 
 
-def _not_compiled(budget: float, checkpoint: tuple[str, ...], ran: float) -> torch.Tensor:
+def _not_compiled(budget: float, checkpoint: tuple[str, ...], ran_checkpoint: tuple[str, ...],
+                  ran: float) -> torch.Tensor:
     ck = f" with {list(checkpoint)!r} checkpointed" if checkpoint else ""
+    ran_ck = f"with {list(ran_checkpoint)!r} checkpointed" if ran_checkpoint else "without checkpointing"
     raise RuntimeError(
         f"this forecast of budget {budget!r}{ck} came from the partition of a shared compile; only budget "
-        f"{ran!r} without checkpointing was compiled to run. Call `forecast(..., budget={budget!r})` (inside "
+        f"{ran!r} {ran_ck} was compiled to run. Call `forecast(..., budget={budget!r})` (inside "
         "`checkpointed(model, blocks)` for checkpointed blocks) to train with this plan."
     )

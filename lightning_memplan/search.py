@@ -110,9 +110,12 @@ def search(
     # and every checkpoint set (emulated by recompute tags, as torch.utils.checkpoint sets them)
     grid: dict[tuple[tuple[str, ...], float], Any] = {}
     if backend in ("aot_eager", "aot_eager_decomp_partition") and budgets:
+        # its one real forward and backward runs the most checkpointed plan: the search must not run
+        # out of memory where the unplanned model would
+        frugal = (max(sets, key=len) if sets else (), float(budgets[0]))
         try:
             grid = forecast_grid(model, tuple(example_inputs), budgets=tuple(budgets), checkpoint_sets=sets,
-                                 solver=solver, loss_fn=loss_fn, optimizer=optimizer)
+                                 solver=solver, loss_fn=loss_fn, optimizer=optimizer, run=frugal)
         except Exception:  # noqa: BLE001 - fall back to one trace per checkpoint set
             grid = {}
     for ck in sets:

@@ -106,3 +106,28 @@ def test_a_block_that_never_runs_gives_a_failed_forecast_that_says_why() -> None
     assert bad.status == "failed" and bad.peak_bytes is None
     assert any("no forward node was traced inside these blocks" in p for p in bad.problems)
     assert grid[((), 1.0)].status == "ok"
+
+
+def test_the_run_plan_is_compiled_and_needs_less_memory_to_decide() -> None:
+    from lightning_memplan.measure import PeakWindow
+
+    model, x = _mlp()
+    every = ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
+    sets, budgets = [(), every], (1.0, 0.4)
+    with PeakWindow("cpu") as unplanned:
+        plain = forecast_grid(model, (x,), budgets=budgets, checkpoint_sets=sets)
+    torch._dynamo.reset()
+    with PeakWindow("cpu") as frugal:
+        grid = forecast_grid(model, (x,), budgets=budgets, checkpoint_sets=sets, run=(every, 1.0))
+    # the same forecasts, whichever plan was compiled to run
+    assert {k: fc.peak_bytes for k, fc in grid.items()} == {k: fc.peak_bytes for k, fc in plain.items()}
+    assert torch.isfinite(grid[(every, 1.0)].step())
+    with pytest.raises(RuntimeError, match=r"only budget 1\.0 with \['blocks\.0', .*\] checkpointed was compiled"):
+        grid[((), 1.0)].step()
+    # deciding costs the memory of the plan that runs: here every block recomputed
+    assert frugal.peak_bytes < unplanned.peak_bytes
+    with PeakWindow("cpu") as step:
+        grid[(every, 1.0)].step()
+    assert step.peak_bytes == pytest.approx(grid[(every, 1.0)].peak_bytes, rel=0.02)
+    with pytest.raises(ValueError, match=r"`forecast_grid\(run=\(\('blocks\.0',\), 1\.0\)\)` must be one of the plans"):
+        forecast_grid(model, (x,), budgets=budgets, checkpoint_sets=sets, run=(("blocks.0",), 1.0))
