@@ -693,6 +693,9 @@ def memplan_backend(
     if cks and (kind != "aot_eager" or not capture):
         raise ValueError(f"`memplan_backend(sweep_checkpoints={tuple(sweep_checkpoints)!r})` needs inner='aot_eager' "
                          f"and capture=True (got inner={inner!r}, capture={capture!r}).")
+    if isinstance(run_checkpoint, str):
+        raise ValueError(f"`memplan_backend(run_checkpoint={run_checkpoint!r})` must be a sequence of submodule "
+                         f"names, e.g. ({run_checkpoint!r},).")
     run_ck = _check_checkpoint_sets([tuple(run_checkpoint)], model, "memplan_backend", "run_checkpoint")
     if run_ck and (kind != "aot_eager" or not capture):
         raise ValueError(f"`memplan_backend(run_checkpoint={tuple(run_checkpoint)!r})` needs inner='aot_eager' "
