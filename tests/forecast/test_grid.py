@@ -131,3 +131,24 @@ def test_the_run_plan_is_compiled_and_needs_less_memory_to_decide() -> None:
     assert step.peak_bytes == pytest.approx(grid[(every, 1.0)].peak_bytes, rel=0.02)
     with pytest.raises(ValueError, match=r"`forecast_grid\(run=\(\('blocks\.0',\), 1\.0\)\)` must be one of the plans"):
         forecast_grid(model, (x,), budgets=budgets, checkpoint_sets=sets, run=(("blocks.0",), 1.0))
+
+
+def test_backend_arguments_for_emulated_checkpointing_are_checked() -> None:
+    from lightning_memplan.compile import memplan_backend
+
+    model, _ = _mlp()
+    with pytest.raises(ValueError, match=r"`memplan_backend\(run_checkpoint='blocks\.0'\)` must be a sequence of "
+                                         r"submodule names, e\.g\. \('blocks\.0',\)"):
+        memplan_backend(inner="aot_eager", model=model, run_checkpoint="blocks.0")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`memplan_backend\(run_checkpoint=\('blocks\.0',\)\)` needs "
+                                         r"inner='aot_eager' and capture=True"):
+        memplan_backend(inner="inductor", model=model, run_checkpoint=("blocks.0",))
+    with pytest.raises(ValueError, match=r"`memplan_backend\(sweep_checkpoints=\(\('blocks\.0',\),\)\)` needs "
+                                         r"inner='aot_eager'"):
+        memplan_backend(inner="aot_eager", capture=False, model=model, sweep_checkpoints=(("blocks.0",),))
+    with pytest.raises(ValueError, match=r"`memplan_backend\(sweep_checkpoints=\[\('blocks\.0',\)\]\)` needs the "
+                                         r"model, to name its submodules"):
+        memplan_backend(inner="aot_eager", sweep_checkpoints=[("blocks.0",)])
+    be = memplan_backend(inner="aot_eager", model=model, sweep=(0.5,), sweep_checkpoints=(("blocks.0",),))
+    with pytest.raises(KeyError, match=r"plan \(budget 0\.3, checkpoint \('blocks\.0',\)\) is not in this backend's sweep"):
+        be.sweep_regions(0.3, ("blocks.0",))
