@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -341,13 +342,15 @@ def _forward_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 
 
 def _owner(stack: dict[str, Any], blocks: Sequence[str], module_names: dict[str, str]) -> str | None:
-    """The block of ``blocks`` a node was traced in, from its ``nn_module_stack`` (keys are the
-    modules' ids in torch 2.13; the values' paths, e.g. ``L['model'].blocks.0``, are matched too)."""
+    """The block of ``blocks`` a node was traced in, from its ``nn_module_stack``: keys are the
+    modules' ids in torch 2.13; otherwise the values' source paths are matched by their ending
+    (``L['model'].blocks.0``, or ``L['model'].blocks[0]`` with the index in brackets)."""
     for key, value in stack.items():
         name = module_names.get(str(key))
         if name in blocks:
             return name
         path = value[0] if isinstance(value, tuple) and value and isinstance(value[0], str) else ""
+        path = re.sub(r"\[(\d+)\]", r".\1", path)
         for block in blocks:
             if path == block or path.endswith("." + block):
                 return block

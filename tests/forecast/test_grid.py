@@ -152,3 +152,15 @@ def test_backend_arguments_for_emulated_checkpointing_are_checked() -> None:
     be = memplan_backend(inner="aot_eager", model=model, sweep=(0.5,), sweep_checkpoints=(("blocks.0",),))
     with pytest.raises(KeyError, match=r"plan \(budget 0\.3, checkpoint \('blocks\.0',\)\) is not in this backend's sweep"):
         be.sweep_regions(0.3, ("blocks.0",))
+
+
+def test_blocks_are_found_by_module_id_or_by_source_path() -> None:
+    from lightning_memplan.compile import _owner
+
+    blocks = ("blocks.0", "blocks.10")
+    assert _owner({"140": ("L['self'].blocks.0", nn.Module)}, blocks, {"140": "blocks.0"}) == "blocks.0"
+    # without ids (another torch): the path's ending, dotted or with the index in brackets
+    assert _owner({"L__self___blocks_10": ("L['self'].blocks[10]", nn.Module)}, blocks, {}) == "blocks.10"
+    assert _owner({"k": ("L['model'].blocks.0", nn.Module)}, blocks, {}) == "blocks.0"
+    assert _owner({"k": ("L['model'].blocks.1", nn.Module)}, blocks, {}) is None
+    assert _owner({"k": ("L['model'].myblocks.0", nn.Module)}, blocks, {}) is None
