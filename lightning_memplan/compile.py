@@ -689,20 +689,17 @@ def memplan_backend(
     name, fn = resolve_solver(solver, "memplan_backend")
     kind = _check_inner(inner, "memplan_backend")
     sw = tuple(dict.fromkeys(_check_budget(x, "memplan_backend") for x in sweep))
-    if sw and (kind != "aot_eager" or not capture):
-        raise ValueError(f"`memplan_backend(sweep={tuple(sweep)!r})` needs inner='aot_eager' and capture=True "
-                         f"(got inner={inner!r}, capture={capture!r}).")
     cks = _check_checkpoint_sets(sweep_checkpoints, model, "memplan_backend", "sweep_checkpoints")
-    if cks and (kind != "aot_eager" or not capture):
-        raise ValueError(f"`memplan_backend(sweep_checkpoints={tuple(sweep_checkpoints)!r})` needs inner='aot_eager' "
-                         f"and capture=True (got inner={inner!r}, capture={capture!r}).")
     if isinstance(run_checkpoint, str):
         raise ValueError(f"`memplan_backend(run_checkpoint={run_checkpoint!r})` must be a sequence of submodule "
                          f"names, e.g. ({run_checkpoint!r},).")
     run_ck = _check_checkpoint_sets([tuple(run_checkpoint)], model, "memplan_backend", "run_checkpoint")
-    if run_ck and (kind != "aot_eager" or not capture):
-        raise ValueError(f"`memplan_backend(run_checkpoint={tuple(run_checkpoint)!r})` needs inner='aot_eager' "
-                         f"and capture=True (got inner={inner!r}, capture={capture!r}).")
+    # every sweep option partitions copies of the joint graph and captures them: aot_eager, capture on
+    for arg, given, used in (("sweep", sweep, sw), ("sweep_checkpoints", sweep_checkpoints, cks),
+                             ("run_checkpoint", run_checkpoint, run_ck)):
+        if used and (kind != "aot_eager" or not capture):
+            raise ValueError(f"`memplan_backend({arg}={tuple(given)!r})` needs inner='aot_eager' and capture=True "
+                             f"(got inner={inner!r}, capture={capture!r}).")
     named = cks or run_ck
     names = {str(id(m)): n for n, m in model.named_modules()} if named and model is not None else {}
     _compat.check_torch_version()

@@ -109,7 +109,8 @@ def search(
     # aot_eager: ONE trace of the unchanged model; its joint graph is partitioned under every budget
     # and every checkpoint set (emulated by recompute tags, as torch.utils.checkpoint sets them)
     grid: dict[tuple[tuple[str, ...], float], Any] = {}
-    if backend in ("aot_eager", "aot_eager_decomp_partition") and budgets:
+    sweepable = backend in ("aot_eager", "aot_eager_decomp_partition") and bool(budgets)
+    if sweepable:
         # its one real forward and backward runs the most checkpointed plan: the search must not run
         # out of memory where the unplanned model would
         frugal = (max(sets, key=len) if sets else (), float(budgets[0]))
@@ -122,7 +123,7 @@ def search(
         with checkpointed(model, ck):
             swept: dict[float, Any] = {b: grid[(ck, b)] for b in budgets
                                        if (ck, b) in grid and grid[(ck, b)].status == "ok"}
-            if len(swept) < len(budgets) and backend in ("aot_eager", "aot_eager_decomp_partition") and budgets:
+            if sweepable and len(swept) < len(budgets):
                 try:  # the emulation failed for this set: one trace with the blocks really wrapped
                     swept = forecast_sweep(model, tuple(example_inputs), budgets=tuple(budgets), solver=solver,
                                            loss_fn=loss_fn, optimizer=optimizer)
