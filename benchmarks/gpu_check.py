@@ -11,9 +11,10 @@ Three sections, then one summary table:
    ``lightning_memplan.forecast`` and ``measure_peak`` (``torch.cuda.max_memory_allocated`` above
    the bytes in use at the start). Rows of ``benchmarks/forecast.py``.
 2. **Plans**: a 6-layer GPT (dim 512, sequence 512, batch 16): torch's budget alone at 1.0 / 0.7 /
-   0.5 / 0.3, every block checkpointed, and ``auto`` (what ``MemPlanCallback(budget="auto")``
-   decides: the knee of the forecast Pareto front over budgets x checkpoint sets); measured peak,
-   forecast and median step time. Rows of ``benchmarks/plans.py``.
+   0.5 / 0.3, every block checkpointed, whole-graph rematerialization (solver ``"remat"``) at the
+   search's remat budgets, and ``auto`` (what ``MemPlanCallback(budget="auto")`` decides: the knee
+   of the forecast Pareto front over all of them); measured peak, forecast and the median step time,
+   timed round-robin. Rows of ``benchmarks/plans.py``.
 3. **Solvers**: ``memplan bench --sizes 200 1000 --seeds 1`` (ours vs torch's knapsack solvers), with
    torch's ILP capped at 20 s per call.
 
@@ -47,7 +48,7 @@ GPU = {
 """The check on a CUDA machine."""
 SMOKE = {
     "device": "cpu", "backend": "aot_eager", "models": ("mlp",), "budgets": (1.0,),
-    "plan_budgets": (1.0,), "candidate_budgets": (1.0,), "steps": 1,
+    "plan_budgets": (1.0,), "candidate_budgets": (1.0,), "remat_budgets": (0.4,), "steps": 1,
     "gpt": {"layers": 2, "dim": 32, "heads": 2, "seq": 16, "batch": 2, "vocab": 64},
     "bench": ["bench", "--sizes", "50", "--seeds", "1", "--repeats", "1", "--frontier-n", "50"],
 }
@@ -103,10 +104,11 @@ def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
     """Measured peak, forecast and step time of torch's budgets, full block checkpointing and auto."""
     import torch
     from forecast import GPT
-    from plans import _run
+    from plans import _compile, _time_round_robin
 
     from lightning_memplan.checkpointing import repeated_blocks
     from lightning_memplan.planner import PlanSettings, decide_plan
+    from lightning_memplan.search import DEFAULT_REMAT_BUDGETS
 
     s, dev, backend = cfg["gpt"], cfg["device"], cfg["backend"]
     torch.manual_seed(0)
@@ -114,18 +116,23 @@ def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
     idx = torch.randint(0, s["vocab"], (s["batch"], s["seq"]), device=dev)
     tgt = torch.randint(0, s["vocab"], (s["batch"], s["seq"]), device=dev)
     blocks = tuple(repeated_blocks(model))
-    plans: list[tuple[str, float, tuple[str, ...]]] = [(f"torch budget {b:g}", b, ()) for b in cfg["plan_budgets"]]
-    plans.append(("full block ckpt", 1.0, blocks))
+    plans: list[tuple[str, float, tuple[str, ...], str]] = [
+        (f"torch budget {b:g}", b, (), "dp") for b in cfg["plan_budgets"]]
+    plans.append(("full block ckpt", 1.0, blocks, "dp"))
+    plans += [(f"remat {b:g}", b, (), "remat") for b in cfg.get("remat_budgets", DEFAULT_REMAT_BUDGETS)]
     t0 = time.perf_counter()
     decide_s = math.nan
     if deadline.left() > 3 * row_s + reserve:
         try:
             settings = PlanSettings.from_args("gpu_check", budget="auto", backend=backend, checkpoint="auto",
-                                              candidate_budgets=cfg["candidate_budgets"])
+                                              candidate_budgets=cfg["candidate_budgets"],
+                                              remat_budgets=cfg.get("remat_budgets", DEFAULT_REMAT_BUDGETS))
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             auto = decide_plan(settings, model, model.forward, (idx,), {}, opt, call="gpu_check")
             decide_s = time.perf_counter() - t0
-            plans.append((f"auto (budget {auto.budget:g}, {len(auto.checkpoint)} ckpt)", auto.budget, auto.checkpoint))
+            label = (f"auto (remat {auto.budget:g})" if auto.solver == "remat"
+                     else f"auto (budget {auto.budget:g}, {len(auto.checkpoint)} ckpt)")
+            plans.append((label, auto.budget, auto.checkpoint, auto.solver))
             print(f"  auto decided in {decide_s:.1f} s: {plans[-1][0]} of {len(auto.candidates)} candidates",
                   flush=True)
             for i, c in enumerate(auto.candidates):
@@ -136,20 +143,28 @@ def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
             print(f"  auto: decision failed: {exc!r}", flush=True)
         _cleanup()
     rows: list[dict[str, Any]] = []
-    for label, budget, ckpt in plans:
+    compiled: list[tuple[dict[str, Any], Any]] = []
+    for label, budget, ckpt, solver in plans:
         row: dict[str, Any] = {"plan": label, "_auto": label.startswith("auto"), "_decide_s": decide_s}
+        rows.append(row)
         if deadline.left() < row_s + reserve:
-            rows.append({**row, "note": "skipped (time limit)"})
+            row["note"] = "skipped (time limit)"
             continue
         try:
-            peak, step, first, predicted = _run(model, idx, tgt, budget, ckpt, backend, cfg["steps"])
-            row.update(_peak=peak, _step=step, _pred=predicted, _first=first)
+            c = _compile(model, idx, tgt, label, budget, ckpt, backend, solver)
+            compiled.append((row, c))
+            row.update(_peak=c.peak, _pred=c.fc.peak_bytes, _first=c.first)
         except Exception as exc:  # noqa: BLE001
             row["note"] = f"failed: {exc!r}"[:120]
-        rows.append(row)
-        _cleanup()
-        done = f"peak {_mib(row['_peak'])} MiB, step {row['_step'] * 1e3:.1f} ms" if "_peak" in row else ""
+        gc.collect()  # no dynamo reset here: the compiled plans are timed below
+        done = f"peak {_mib(row['_peak'])} MiB" if "_peak" in row else ""
         print(f"  {label}: {row.get('note') or done}", flush=True)
+    # timed round-robin (one step of each plan per round): drift hits every plan alike
+    _time_round_robin(model, [c for _, c in compiled], cfg["steps"], dev == "cuda")
+    for row, c in compiled:
+        row["_step"] = statistics.median(c.times)
+    compiled.clear()
+    _cleanup()
     return rows
 
 

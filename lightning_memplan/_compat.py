@@ -167,6 +167,19 @@ def compile_fx_inner() -> Callable[..., Any]:
     return require("torch._inductor.compile_fx", "compile_fx_inner")
 
 
+@contextlib.contextmanager
+def inductor_partitioner(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """Within the block, inductor's ``compile_fx`` partitions joint graphs with ``wrap(original)``
+    (it runs after inductor's joint-graph passes, on the graph the min cut sees); restored on exit."""
+    mod = importlib.import_module("torch._inductor.compile_fx")
+    original = require("torch._inductor.compile_fx", "min_cut_rematerialization_partition")
+    mod.min_cut_rematerialization_partition = wrap(original)
+    try:
+        yield
+    finally:
+        mod.min_cut_rematerialization_partition = original
+
+
 def force_disable_caches_patch() -> contextlib.AbstractContextManager[Any]:
     """``torch.compiler.config.patch(force_disable_caches=True)`` (scoped; restored on exit)."""
     cfg = require("torch.compiler", "config")

@@ -28,8 +28,8 @@ from typing_extensions import override
 
 from .checkpointing import CheckpointPolicy, checkpointed
 from .plan import Candidate, MemPlan
-from .planner import PlanSettings, PlanWarning, decide_plan, forecast_plan, lightning_step_timeline
-from .search import DEFAULT_BUDGETS
+from .planner import PlanSettings, PlanWarning, decide_plan, forecast_plan, lightning_step_timeline, plan_solver
+from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from .strategy import decide_on_rank_zero, max_over_ranks
 from .units import format_bytes
 
@@ -71,12 +71,19 @@ class MemPlanCallback(Callback):
             first steps exceeds it, the callback re-plans once with a smaller forecast (recompiling)
             when ``replan`` is on.
         solver: ``"dp"`` (default), ``"hirschberg"``, ``"greedy"``, ``"ilp"``, or a callable with
-            torch's solver signature ``(memory, runtimes, max_memory) -> (value, saved, recomputed)``.
+            torch's solver signature ``(memory, runtimes, max_memory) -> (value, saved, recomputed)``:
+            the knapsack over torch's recompute candidates; or ``"remat"``: whole-graph
+            rematerialization, an exact MILP over every forward value (``budget`` then caps the
+            saved bytes; see :mod:`lightning_memplan.remat`). With ``budget="auto"`` the search
+            tries remat plans next to the knapsack's (``remat_budgets``), and the plan keeps the
+            solver it was chosen with.
         checkpoint: blocks the search may wrap in activation checkpointing: ``"auto"`` (the model's
             repeated blocks), a set of module classes, or ``None``. Only used with ``budget="auto"``.
         backend: ``"inductor"`` (default) or ``"aot_eager"`` (inductor's partitioner without code
             generation).
         candidate_budgets: budgets the search tries with each checkpoint set.
+        remat_budgets: budgets of the whole-graph rematerialization plans (solver ``"remat"``) the
+            search tries besides; ``()`` for none.
         search_backend: backend the candidates are forecast with (``"aot_eager"``: no code
             generation); the chosen plan is forecast again on ``backend``.
         plan: a :class:`~lightning_memplan.plan.MemPlan` or the path of one saved as JSON (from the
@@ -118,6 +125,7 @@ class MemPlanCallback(Callback):
         backend: Literal["inductor", "aot_eager"] = "inductor",
         candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
         search_backend: Literal["inductor", "aot_eager"] = "aot_eager",
+        remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
         plan: MemPlan | str | Path | None = None,
         replan: bool = True,
         measure_batches: int = 2,
@@ -128,7 +136,8 @@ class MemPlanCallback(Callback):
         call = "MemPlanCallback"
         self._settings = PlanSettings.from_args(
             call, budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint,
-            backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend)
+            backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend,
+            remat_budgets=remat_budgets)
         if isinstance(measure_batches, bool) or not isinstance(measure_batches, int) or measure_batches < 1:
             raise ValueError(f"`{call}(measure_batches={measure_batches!r})` must be an int >= 1.")
         if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
@@ -312,7 +321,7 @@ class MemPlanCallback(Callback):
             except Exception as exc:  # noqa: BLE001 - no forecast: train with the plan anyway
                 warnings.warn(f"MemPlanCallback: the forecast of the chosen plan failed ({exc!r}); "
                               "training with the plan, without predictions.", MemPlanWarning, stacklevel=2)
-            be = memplan_backend(budget=plan.budget, solver=self._settings.solver,
+            be = memplan_backend(budget=plan.budget, solver=plan_solver(self._settings, plan),
                                  inner=self._settings.backend, capture=False)
             compiled = torch.compile(_fresh_forward(module), backend=be, **self._compile_kwargs)
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
@@ -393,9 +402,10 @@ class MemPlanCallback(Callback):
         ratio = measured / max(predicted, 1)
         fits = [c for c in plan.candidates if c.peak_bytes is not None and c.cost is not None
                 and plan.baseline_bytes + c.peak_bytes * ratio <= self._max_memory
-                and (c.budget, c.checkpoint) != (plan.budget, plan.checkpoint)]
+                and (c.budget, c.checkpoint, c.solver or plan.solver) != (plan.budget, plan.checkpoint, plan.solver)]
         if not fits:
-            fits = [Candidate(budget=max(0.0, round(plan.budget / 2, 3)), checkpoint=plan.checkpoint)]
+            fits = [Candidate(budget=max(0.0, round(plan.budget / 2, 3)), checkpoint=plan.checkpoint,
+                              solver="remat" if plan.solver == "remat" else "")]
         new = min(fits, key=lambda c: (c.cost if c.cost is not None else math.inf, c.peak_bytes or 0))
         warnings.warn(
             f"MemPlanCallback: measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds "
@@ -403,6 +413,7 @@ class MemPlanCallback(Callback):
             "(recompiling) and going on.", MemPlanWarning, stacklevel=2)
         self._install(dataclasses.replace(
             plan, budget=new.budget, checkpoint=new.checkpoint, predicted_peak_bytes=new.peak_bytes,
+            solver=new.solver or (plan.solver if plan.solver != "remat" else self._settings.solver_name),
             reason=f"re-planned: measured {format_bytes(measured)} over max_memory"))
 
     # ------------------------------------------------------------------ reporting

@@ -57,7 +57,10 @@ __all__ = [
 SolverFn = Callable[[list[float], list[float], float], tuple[float, list[int], list[int]]]
 
 #: Names accepted by ``solver=`` (see :func:`lightning_memplan.solvers.get_solver`).
-SOLVER_NAMES: tuple[str, ...] = ("greedy", "dp", "hirschberg", "ilp")
+SOLVER_NAMES: tuple[str, ...] = ("greedy", "dp", "hirschberg", "ilp", "remat")
+"""Solver names: the four knapsack solvers of :mod:`lightning_memplan.solvers`, and ``"remat"``:
+whole-graph rematerialization (:mod:`lightning_memplan.remat`), which decides every forward value
+(not only the knapsack's candidates) and hands the plan to the partitioner as recompute tags."""
 
 #: Accepted ``inner=`` values; ``"aot_eager_decomp_partition"`` is an alias of ``"aot_eager"``.
 INNER_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "aot_eager_decomp_partition")
@@ -70,10 +73,11 @@ INNER_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "aot_eager_decomp_pa
 #:  ``"aggressive_fits"``: the aggressive min-cut already fits the budget (no solve).
 #:  ``"nothing_recomputable"``: no node left to recompute (no solve).
 #:  ``"solved"``: the solver chose what to save.
+#:  ``"remat"``: whole-graph rematerialization chose what to save (solver ``"remat"``).
 #:  ``"unknown"``: the partitioner was not observed (e.g. an inference graph, or a probe failed).
 DecisionReason = Literal[
     "budget_0", "budget_1", "min_cut_below_inputs", "more_aggressive_fits", "aggressive_fits",
-    "nothing_recomputable", "solved", "unknown",
+    "nothing_recomputable", "solved", "remat", "unknown",
 ]
 
 
@@ -99,13 +103,14 @@ def resolve_solver(solver: str | SolverFn, call: str = "memplan_backend") -> tup
         return name, solver
     if not isinstance(solver, str) or solver not in SOLVER_NAMES:
         raise ValueError(
-            f"`{call}(solver={solver!r})` is not a known knapsack solver. Expected one of "
+            f"`{call}(solver={solver!r})` is not a known solver. Expected one of "
             f"{', '.join(repr(s) for s in SOLVER_NAMES)}, or a callable "
             "`(memory, runtimes, max_memory) -> (value, saved_idx, recomputed_idx)`."
         )
     from lightning_memplan.solvers import get_solver
 
-    return solver, get_solver(solver)
+    # "remat" partitions at budget 1.0 (its tags decide), so no knapsack is ever posed to it
+    return solver, get_solver("dp" if solver == "remat" else solver)
 
 
 def _check_inner(inner: object, call: str, arg: str = "inner") -> Literal["inductor", "aot_eager"]:
@@ -289,6 +294,23 @@ def _snapshot(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
+def _cleared(r: RegionCapture) -> RegionCapture:
+    """``r`` with its partition record emptied: a later partitioner call on the same region (the main
+    graph after a higher-order op's subgraph) replaces the record."""
+    r.fw_graph = r.bw_graph = r.decision = r.knapsack = None
+    r._min_cuts, r._solver_called, r.errors = [], False, []
+    return r
+
+
+def _note_remat(region: RegionCapture, budget: float, sol: Any) -> None:
+    """Record that whole-graph rematerialization decided ``region``'s partition at ``budget``."""
+    d = region.decision
+    region.decision = PartitionDecision(
+        budget=budget, reason="remat", solver_called=True,
+        saved_names=d.saved_names if d else (), saved_bytes=d.saved_bytes if d else sol.saved_bytes,
+        min_act_bytes=d.min_act_bytes if d else -1, max_act_bytes=d.max_act_bytes if d else -1)
+
+
 def _decide(region: RegionCapture, budget: float, saved: list[fx.Node]) -> PartitionDecision:
     def nbytes(nodes: Sequence[fx.Node]) -> int:
         return sum(_compat.size_of_node(n) for n in nodes)
@@ -389,7 +411,8 @@ class MemplanBackend:
     def __init__(self, *, budget: float, solver_name: str, solver_fn: SolverFn,
                  inner: Literal["inductor", "aot_eager"], capture: bool,
                  sweep: tuple[float, ...] = (), sweep_checkpoints: tuple[tuple[str, ...], ...] = (),
-                 module_names: dict[str, str] | None = None, run_checkpoint: tuple[str, ...] = ()) -> None:
+                 module_names: dict[str, str] | None = None, run_checkpoint: tuple[str, ...] = (),
+                 sweep_remat: tuple[float, ...] = ()) -> None:
         self.budget = budget
         self.solver_name = solver_name
         self.inner = inner
@@ -408,6 +431,13 @@ class MemplanBackend:
         keys = [(ck, b) for ck in sets for b in budgets if (ck, b) != (run_checkpoint, budget)]
         self._sweep_solvers = {b: _adapter_class()(solver_name, solver_fn, b) for b in budgets if keys}
         self._sweep_regions: dict[SweepKey, list[RegionCapture]] = {k: [] for k in keys}
+        #: Whether the compiled plan is whole-graph rematerialization (solver ``"remat"``) at ``budget``.
+        self.remat = solver_name == "remat"
+        #: Budgets of whole-graph rematerialization plans partitioned on the same joint graph.
+        self.sweep_remat = sweep_remat
+        self._remat_regions: dict[float, list[RegionCapture]] = {
+            b: [] for b in sweep_remat if not (self.remat and b == budget)}
+        self._remat_solver = _adapter_class()(solver_name, solver_fn, 1.0)
         # the region the partitioner probes report to while a sweep plan is partitioned
         self._probe_region: RegionCapture | None = None
         # the joint graph being partitioned (region, call, checkpoint set): min cuts are memoized per
@@ -426,6 +456,15 @@ class MemplanBackend:
             raise KeyError(f"plan (budget {budget!r}, checkpoint {tuple(checkpoint)!r}) is not in this backend's "
                            f"sweep (budgets {self.sweep!r}, checkpoint sets {self.sweep_checkpoints!r})")
         return self._sweep_regions[key]
+
+    def remat_regions(self, budget: float) -> list[RegionCapture]:
+        """The regions captured for the whole-graph rematerialization plan at ``budget`` (one of
+        ``sweep_remat``, or the backend's own when its solver is ``"remat"``), as :meth:`sweep_regions`."""
+        if self.remat and budget == self.budget:
+            return self.regions
+        if budget not in self._remat_regions:
+            raise KeyError(f"remat plan (budget {budget!r}) is not in this backend's sweep_remat {self.sweep_remat!r}")
+        return self._remat_regions[budget]
 
     @property
     def errors(self) -> list[str]:
@@ -468,12 +507,13 @@ class MemplanBackend:
         t0 = time.perf_counter()
         region = RegionCapture(index=len(self.regions))
         self.regions.append(region)
-        for regions in self._sweep_regions.values():
+        for regions in (*self._sweep_regions.values(), *self._remat_regions.values()):
             regions.append(RegionCapture(index=region.index))
         fconfig = _compat.functorch_config()
         self._solver.region = region
         with contextlib.ExitStack() as stack:
-            stack.enter_context(fconfig.patch(activation_memory_budget=self.budget,
+            # a remat plan partitions at budget 1.0: its recompute tags decide, torch's knapsack must not
+            stack.enter_context(fconfig.patch(activation_memory_budget=1.0 if self.remat else self.budget,
                                               activation_memory_budget_solver=self._solver))
             stack.enter_context(_compat.force_disable_caches_patch())
             stack.enter_context(self._probes(region))
@@ -524,7 +564,7 @@ class MemplanBackend:
         every other sweep budget (same config scope, that budget's solver adapter, the same probes)
         and records each (forward, backward) pair and decision; the own budget's partition runs."""
         partition = functools.partial(_compat.min_cut_rematerialization_partition(), compiler="inductor")
-        if not self._sweep_regions:
+        if not self._sweep_regions and not self._remat_regions and not self.remat:
             return partition
 
         def partition_fn(joint: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
@@ -532,10 +572,7 @@ class MemplanBackend:
 
             copies: dict[SweepKey, fx.GraphModule] = {}
             for key in self._sweep_regions:
-                r = self._sweep_regions[key][region.index]
-                # a later call (the main graph after a higher-order op's subgraph) replaces the record
-                r.fw_graph = r.bw_graph = r.decision = r.knapsack = None
-                r._min_cuts, r._solver_called, r.errors = [], False, []
+                r = _cleared(self._sweep_regions[key][region.index])
                 try:
                     copies[key] = gm = _copy_joint(joint)
                     if key[0] and not _tag_checkpointed(gm, key[0], self._module_names):
@@ -545,16 +582,27 @@ class MemplanBackend:
                 except Exception as err:  # noqa: BLE001
                     copies.pop(key, None)
                     r.errors.append(f"sweep plan {key!r}: joint graph copy: {type(err).__name__}: {err}")
+            remat_copies: dict[float, fx.GraphModule] = {}
+            for b in self._remat_regions:
+                r = _cleared(self._remat_regions[b][region.index])
+                try:
+                    remat_copies[b] = _copy_joint(joint)
+                except Exception as err:  # noqa: BLE001
+                    r.errors.append(f"remat plan {b!r}: joint graph copy: {type(err).__name__}: {err}")
             call = self._partition_calls[region.index] = self._partition_calls.get(region.index, -1) + 1
             run_ck = self.run_checkpoint
             if run_ck and not _tag_checkpointed(joint, run_ck, self._module_names):
                 region.errors.append(f"run checkpoint {run_ck!r}: no forward node was traced inside these "
                                      "blocks; the run plan is not checkpointed")
-            self._min_cut_scope = (region.index, call, run_ck)
+            bounds: dict[str, Any] = {}  # the rematerialization bounds of this joint graph, solved once
+            run_remat = self._tag_remat(joint, self.budget, region, bounds) if self.remat else None
+            self._min_cut_scope = (region.index, call, (f"remat:{self.budget!r}",) if self.remat else run_ck)
             try:
                 out = partition(joint, joint_inputs, **kw)
             finally:
                 self._min_cut_scope = None
+            if run_remat is not None:
+                _note_remat(region, self.budget, run_remat)
             fconfig = _compat.functorch_config()
             # a plan whose partitioner found nothing more to recompute gives the same partition
             # under every lower budget: (budget, region) where that happened, per checkpoint set
@@ -584,9 +632,46 @@ class MemplanBackend:
                     r.compile_seconds += time.perf_counter() - t0
                 if r.decision is not None and r.decision.reason == "nothing_recomputable" and not r.errors:
                     floor[ck] = (b, r)
+            for b, gm in remat_copies.items():
+                t0 = time.perf_counter()
+                r = self._remat_regions[b][region.index]
+                self._remat_solver.region = r
+                self._probe_region = r
+                self._min_cut_scope = (region.index, call, (f"remat:{b!r}",))
+                try:
+                    sol = self._tag_remat(gm, b, r, bounds)
+                    if sol is not None:
+                        with fconfig.patch(activation_memory_budget=1.0, activation_memory_budget_solver=self._remat_solver):
+                            r.fw_graph, r.bw_graph = partition(gm, joint_inputs, **kw)
+                        _note_remat(r, b, sol)
+                except Exception as err:  # noqa: BLE001 - a sweep plan must not break the compile
+                    r.errors.append(f"remat plan (budget {b!r}): partition: {type(err).__name__}: {err}")
+                finally:
+                    self._probe_region = None
+                    self._min_cut_scope = None
+                    self._remat_solver.region = None
+                    r.compile_seconds += time.perf_counter() - t0
             return out
 
         return partition_fn
+
+    @staticmethod
+    def _tag_remat(gm: fx.GraphModule, budget: float, region: RegionCapture, bounds: dict[str, Any]) -> Any:
+        """Tag ``gm`` with the rematerialization plan at ``budget``; on failure the error is recorded
+        and None returned (the graph then partitions untagged: torch's plan at budget 1.0)."""
+        import time
+
+        from .remat_graph import tag_remat
+
+        t0 = time.perf_counter()
+        try:
+            return tag_remat(gm, budget, bounds)
+        except Exception as err:  # noqa: BLE001 - planning must not break the compile
+            region.errors.append(f"remat plan (budget {budget!r}): {type(err).__name__}: {err}; "
+                                 "partitioned as torch's budget 1.0")
+            return None
+        finally:
+            region.capture_seconds += time.perf_counter() - t0
 
     def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any], region: RegionCapture) -> Callable[..., Any]:
         compile_fx_inner = _compat.compile_fx_inner()
@@ -646,7 +731,20 @@ class MemplanBackend:
                     if is_backward:  # the forward is timed by the backend call around it
                         region.compile_seconds += time.perf_counter() - t1
 
-        return _compat.compile_fx()(gm, example_inputs, inner_compile=inner)
+        if not self.remat:
+            return _compat.compile_fx()(gm, example_inputs, inner_compile=inner)
+
+        def with_remat(partition: Callable[..., Any]) -> Callable[..., Any]:
+            def partition_fn(joint: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+                sol = self._tag_remat(joint, self.budget, region, {})
+                out = partition(joint, joint_inputs, **kw)
+                if sol is not None:
+                    _note_remat(region, self.budget, sol)
+                return out
+            return partition_fn
+
+        with _compat.inductor_partitioner(with_remat):
+            return _compat.compile_fx()(gm, example_inputs, inner_compile=inner)
 
 
 def memplan_backend(
@@ -659,6 +757,7 @@ def memplan_backend(
     sweep_checkpoints: Sequence[Sequence[str]] = (),
     model: nn.Module | None = None,
     run_checkpoint: Sequence[str] = (),
+    sweep_remat: Sequence[float] = (),
 ) -> MemplanBackend:
     """A ``torch.compile`` backend with this activation memory budget and knapsack solver.
 
@@ -679,6 +778,13 @@ def memplan_backend(
         model: the module compiled; only used to name submodules for ``sweep_checkpoints``.
         run_checkpoint: blocks whose checkpointing is emulated (the same tags) in the plan that is
             compiled and run, e.g. every block, so a sweep's one real step needs the least memory.
+        sweep_remat: budgets of whole-graph rematerialization plans (solver ``"remat"``) to partition
+            the same joint graph under besides; read each with :meth:`MemplanBackend.remat_regions`.
+            Needs ``inner="aot_eager"``.
+
+    With ``solver="remat"`` the compiled plan itself is whole-graph rematerialization at
+    ``budget`` (see :mod:`lightning_memplan.remat`); ``sweep``, ``sweep_checkpoints`` and
+    ``run_checkpoint`` are knapsack plans and are refused then.
 
     Raises:
         ValueError: a budget outside [0, 1], an unknown solver name or backend, a sweep with inductor
@@ -694,9 +800,17 @@ def memplan_backend(
         raise ValueError(f"`memplan_backend(run_checkpoint={run_checkpoint!r})` must be a sequence of submodule "
                          f"names, e.g. ({run_checkpoint!r},).")
     run_ck = _check_checkpoint_sets([tuple(run_checkpoint)], model, "memplan_backend", "run_checkpoint")
+    if isinstance(sweep_remat, (int, float)):
+        raise ValueError(f"`memplan_backend(sweep_remat={sweep_remat!r})` must be a sequence of budgets in [0, 1].")
+    rm = tuple(dict.fromkeys(_check_budget(x, "memplan_backend") for x in sweep_remat))
+    if name == "remat":
+        for arg, given in (("sweep", sw), ("sweep_checkpoints", cks), ("run_checkpoint", run_ck)):
+            if given:
+                raise ValueError(f"`memplan_backend(solver='remat', {arg}=...)`: {arg} plans use a knapsack "
+                                 "solver; with solver='remat' sweep remat budgets with `sweep_remat`.")
     # every sweep option partitions copies of the joint graph and captures them: aot_eager, capture on
     for arg, given, used in (("sweep", sweep, sw), ("sweep_checkpoints", sweep_checkpoints, cks),
-                             ("run_checkpoint", run_checkpoint, run_ck)):
+                             ("run_checkpoint", run_checkpoint, run_ck), ("sweep_remat", sweep_remat, rm)):
         if used and (kind != "aot_eager" or not capture):
             raise ValueError(f"`memplan_backend({arg}={tuple(given)!r})` needs inner='aot_eager' and capture=True "
                              f"(got inner={inner!r}, capture={capture!r}).")
@@ -704,7 +818,8 @@ def memplan_backend(
     names = {str(id(m)): n for n, m in model.named_modules()} if named and model is not None else {}
     _compat.check_torch_version()
     return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture, sweep=sw,
-                          sweep_checkpoints=cks, module_names=names, run_checkpoint=run_ck[0] if run_ck else ())
+                          sweep_checkpoints=cks, module_names=names, run_checkpoint=run_ck[0] if run_ck else (),
+                          sweep_remat=rm)
 
 
 def _check_checkpoint_sets(sets: Sequence[Sequence[str]], model: nn.Module | None, call: str,

@@ -47,8 +47,12 @@ from lightning_memplan.estimator import GRADIENTS, RegionMemory, profile_region
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.workspace import probe_workspace
 
-__all__ = ["Forecast", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_grid",
+__all__ = ["Forecast", "GridKey", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_grid",
            "forecast_sweep"]
+
+GridKey = tuple[tuple[str, ...] | str, float]
+"""A plan of :func:`forecast_grid`: ``(checkpointed blocks, budget)`` with the grid's knapsack
+solver, or ``("remat", budget)`` for whole-graph rematerialization."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -422,7 +426,8 @@ def forecast(
         example_inputs: the batch, a tensor or a tuple of tensors (``model(*example_inputs)``).
         budget: activation memory budget in [0, 1].
         solver: ``"greedy"``, ``"dp"``, ``"hirschberg"``, ``"ilp"`` or a callable with torch's solver
-            signature ``(memory, runtimes, max_memory) -> (value, saved_idx, recomputed_idx)``.
+            signature ``(memory, runtimes, max_memory) -> (value, saved_idx, recomputed_idx)``;
+            or ``"remat"``: whole-graph rematerialization at ``budget`` (:mod:`lightning_memplan.remat`).
         backend: ``"inductor"`` or ``"aot_eager_decomp_partition"`` (alias ``"aot_eager"``).
         loss_fn: ``output -> scalar``; default ``output.sum()``.
         optimizer: stepped (and ``zero_grad(set_to_none=True)``) at the end of each ``step()``.
@@ -561,7 +566,8 @@ def forecast_grid(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     run: tuple[Sequence[str], float] | None = None,
-) -> dict[tuple[tuple[str, ...], float], Forecast]:
+    remat_budgets: Sequence[float] = (),
+) -> dict[GridKey, Forecast]:
     """Forecast every plan (checkpointed blocks, budget) from ONE compile of the unchanged model.
 
     Like :func:`forecast_sweep`, and each non-empty checkpoint set (qualified names from
@@ -575,14 +581,20 @@ def forecast_grid(
     unplanned model would not fit. A plan whose blocks could not be found in the graph gets a
     ``"failed"`` forecast saying so.
 
-    Returns ``{(checkpoint_set, budget): Forecast}``, sets in the order given, then budgets.
+    ``remat_budgets`` adds whole-graph rematerialization plans (solver ``"remat"``, see
+    :mod:`lightning_memplan.remat`) partitioned on the same joint graph, under the keys
+    ``("remat", budget)``; each equals :func:`forecast` with ``solver="remat"`` at that budget.
+
+    Returns ``{(checkpoint_set, budget): Forecast}``, sets in the order given, then budgets, then
+    ``{("remat", budget): Forecast}`` in the order of ``remat_budgets``.
 
     Raises:
-        ValueError: bad arguments (as :func:`forecast`), no budget, or a name that is not a submodule.
+        ValueError: bad arguments (as :func:`forecast`), no budget, a name that is not a submodule,
+            or ``solver="remat"`` (give its budgets as ``remat_budgets``).
         RuntimeError: a torch without the features needed (torch < 2.11).
     """
     return _grid(model, example_inputs, budgets=budgets, checkpoint_sets=checkpoint_sets, solver=solver,
-                 loss_fn=loss_fn, optimizer=optimizer, call="forecast_grid", run=run)
+                 loss_fn=loss_fn, optimizer=optimizer, call="forecast_grid", run=run, remat_budgets=remat_budgets)
 
 
 def _grid(
@@ -596,11 +608,18 @@ def _grid(
     optimizer: torch.optim.Optimizer | None,
     call: str,
     run: tuple[Sequence[str], float] | None = None,
-) -> dict[tuple[tuple[str, ...], float], Forecast]:
+    remat_budgets: Sequence[float] = (),
+) -> dict[GridKey, Forecast]:
     if isinstance(budgets, (int, float)) or not budgets:
         raise ValueError(f"`{call}(budgets={budgets!r})` must be a non-empty sequence of budgets in [0, 1].")
     bs = tuple(dict.fromkeys(_check_budget(b, call) for b in budgets))
+    if isinstance(remat_budgets, (int, float)):
+        raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1].")
+    rbs = tuple(dict.fromkeys(_check_budget(b, call) for b in remat_budgets))
     solver_name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
+    if solver_name == "remat":
+        raise ValueError(f"`{call}(solver='remat')`: the grid's budgets and checkpoint sets are knapsack plans; "
+                         "give a knapsack solver and the remat budgets as `remat_budgets=...`.")
     inputs = _check_args(model, example_inputs, loss_fn, optimizer)
     from lightning_memplan.compile import _check_checkpoint_sets
 
@@ -611,34 +630,41 @@ def _grid(
         raise ValueError(f"`{call}(run={run!r})` must be one of the plans: a checkpoint set of checkpoint_sets "
                          f"and a budget of budgets, e.g. ({list(sets[-1])!r}, {bs[0]!r}).")
     be = memplan_backend(budget=run_b, solver=solver, inner="aot_eager", sweep=bs,  # type: ignore[arg-type]
-                         sweep_checkpoints=emulated, model=model, run_checkpoint=run_ck)
+                         sweep_checkpoints=emulated, model=model, run_checkpoint=run_ck, sweep_remat=rbs)
     step, params, compile_seconds = _compile_step(be, model, inputs, loss_fn, optimizer)
 
-    out: dict[tuple[tuple[str, ...], float], Forecast] = {}
+    out: dict[GridKey, Forecast] = {}
     opt_mem = optimizer_memory(optimizer) if optimizer is not None else None  # the same for every plan
-    for ck in sets:
-        for b in bs:
-            if (ck, b) == (run_ck, run_b):
-                view, regions, run_step = be, be.regions, step
-            else:
-                regions = list(be.sweep_regions(b, ck))
-                for i, (r, own) in enumerate(zip(regions, be.regions)):
-                    if r.fw_graph is None and not r.errors and own.bw_graph is None and own.decision is None:
-                        regions[i] = own  # not partitioned (an inference graph): the same under every plan
-                view = memplan_backend(budget=b, solver=solver, inner="aot_eager")  # type: ignore[arg-type]
-                view.regions = regions
-                run_step = functools.partial(_not_compiled, b, ck, run_ck, run_b)
-            out[(ck, b)] = _assemble(view, regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
-                                     inner="aot_eager", budget=b, solver_name=solver_name,
-                                     compile_seconds=compile_seconds, step=run_step, stacklevel=4,
-                                     extra_seconds=(sum(r.compile_seconds for r in regions)
-                                                    if run_step is not step else 0.0),
-                                     opt_mem=opt_mem)
+    plans: list[tuple[GridKey, str]] = [((ck, b), solver_name) for ck in sets for b in bs]
+    plans += [(("remat", b), "remat") for b in rbs]
+    for key, name in plans:
+        ck, b = key
+        if key == (run_ck, run_b):
+            view, regions, run_step = be, be.regions, step
+        else:
+            regions = list(be.remat_regions(b) if ck == "remat" else be.sweep_regions(b, ck))
+            for i, (r, own) in enumerate(zip(regions, be.regions)):
+                if r.fw_graph is None and not r.errors and own.bw_graph is None and own.decision is None:
+                    regions[i] = own  # not partitioned (an inference graph): the same under every plan
+            view = memplan_backend(budget=b, solver=name if name == "remat" else solver,  # type: ignore[arg-type]
+                                   inner="aot_eager")
+            view.regions = regions
+            run_step = functools.partial(_not_compiled, b, ck, run_ck, run_b)
+        out[key] = _assemble(view, regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
+                             inner="aot_eager", budget=b, solver_name=name,
+                             compile_seconds=compile_seconds, step=run_step, stacklevel=4,
+                             extra_seconds=(sum(r.compile_seconds for r in regions)
+                                            if run_step is not step else 0.0),
+                             opt_mem=opt_mem)
     return out
 
 
-def _not_compiled(budget: float, checkpoint: tuple[str, ...], ran_checkpoint: tuple[str, ...],
+def _not_compiled(budget: float, checkpoint: tuple[str, ...] | str, ran_checkpoint: tuple[str, ...],
                   ran: float) -> torch.Tensor:
+    if checkpoint == "remat":
+        raise RuntimeError(
+            f"this forecast of the remat plan at budget {budget!r} came from the partition of a shared compile; "
+            f"call `forecast(..., budget={budget!r}, solver='remat')` to train with it.")
     ck = f" with {list(checkpoint)!r} checkpointed" if checkpoint else ""
     ran_ck = f"with {list(ran_checkpoint)!r} checkpointed" if ran_checkpoint else "without checkpointing"
     raise RuntimeError(

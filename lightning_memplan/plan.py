@@ -33,9 +33,14 @@ class Candidate:
     """Recompute cost of the plan (FLOPs recomputed in backward); None when unknown."""
     note: str = ""
     """Why the forecast failed, or what the partitioner did (e.g. ``"solver not called"``)."""
+    solver: str = ""
+    """The plan's solver when it is not the search's own: ``"remat"`` for whole-graph
+    rematerialization plans; empty for the search's knapsack solver."""
 
     @property
     def label(self) -> str:
+        if self.solver == "remat":
+            return f"remat {self.budget:g}"
         ck = f", {len(self.checkpoint)} ckpt" if self.checkpoint else ""
         return f"budget {self.budget:g}{ck}"
 
@@ -47,7 +52,9 @@ class MemPlan:
     budget: float
     """Activation memory budget installed for the compiled model, a ratio in [0, 1]."""
     solver: str
-    """Knapsack solver name (``"dp"``, ``"hirschberg"``, ``"greedy"``, ``"ilp"``) or ``"custom:<name>"``."""
+    """Knapsack solver name (``"dp"``, ``"hirschberg"``, ``"greedy"``, ``"ilp"``), ``"remat"``
+    (whole-graph rematerialization: ``budget`` caps the saved bytes, see
+    :mod:`lightning_memplan.remat`) or ``"custom:<name>"``."""
     checkpoint: tuple[str, ...] = ()
     """Qualified names of submodules wrapped in activation checkpointing."""
     backend: str = "inductor"

@@ -18,7 +18,7 @@ from torch import nn
 
 from .checkpointing import CheckpointPolicy, _policy_classes, checkpoint_candidates, resolve_blocks
 from .plan import MemPlan
-from .search import DEFAULT_BUDGETS, PlanDoesNotFit, search
+from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, PlanDoesNotFit, search
 from .units import parse_bytes
 
 __all__ = [
@@ -45,6 +45,8 @@ class PlanSettings:
     backend: Literal["inductor", "aot_eager"]
     candidate_budgets: tuple[float, ...]
     search_backend: Literal["inductor", "aot_eager"]
+    remat_budgets: tuple[float, ...] = DEFAULT_REMAT_BUDGETS
+    """Whole-graph rematerialization budgets the search adds (``()``: none)."""
 
     @classmethod
     def from_args(
@@ -58,6 +60,7 @@ class PlanSettings:
         backend: str = "inductor",
         candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
         search_backend: str = "aot_eager",
+        remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""
         from .compile import _check_budget, _check_inner, resolve_solver
@@ -76,6 +79,14 @@ class PlanSettings:
         name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
         if checkpoint is not None and checkpoint != "auto":
             checkpoint = frozenset(_policy_classes(checkpoint))
+        if isinstance(remat_budgets, (str, int, float)):
+            raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1] "
+                             "(empty for none).")
+        try:
+            remat = tuple(_check_budget(b, call) for b in remat_budgets)
+        except (TypeError, ValueError):
+            raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1] "
+                             "(empty for none).") from None
         cands = tuple(candidate_budgets)
         if not cands:
             raise ValueError(f"`{call}(candidate_budgets={candidate_budgets!r})` is empty. Expected budgets in [0, 1].")
@@ -85,7 +96,16 @@ class PlanSettings:
             checkpoint=checkpoint, backend=_check_inner(backend, call, "backend"),
             candidate_budgets=tuple(_check_budget(b, call) for b in cands),
             search_backend=_check_inner(search_backend, call, "search_backend"),
+            remat_budgets=remat,
         )
+
+
+def plan_solver(settings: PlanSettings, plan: MemPlan) -> str | Callable[..., Any]:
+    """The solver to compile ``plan`` with: the plan's own when it names one (a search may choose a
+    ``"remat"`` plan; a loaded plan keeps its solver), else the user's callable from ``settings``."""
+    from .compile import SOLVER_NAMES
+
+    return plan.solver if plan.solver in SOLVER_NAMES else settings.solver
 
 
 def sum_outputs(out: Any) -> torch.Tensor:
@@ -167,7 +187,8 @@ def decide_plan(
         plan = search(target, tuple(args), budgets=settings.candidate_budgets,
                       checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
                       solver=settings.solver, backend=settings.search_backend, optimizer=optimizer,
-                      loss_fn=sum_outputs, max_memory=settings.max_memory).plan
+                      loss_fn=sum_outputs, max_memory=settings.max_memory,
+                      remat_budgets=settings.remat_budgets).plan
     except PlanDoesNotFit as exc:
         warnings.warn(f"{call}: {exc} Training with the smallest plan.", PlanWarning, stacklevel=2)
         plan = exc.plan
@@ -193,7 +214,7 @@ def forecast_plan(
     from .forecasting import forecast
 
     fc = forecast(BoundForward(module, forward, kwargs), tuple(args), budget=plan.budget,
-                  solver=settings.solver, backend=settings.backend, loss_fn=sum_outputs,
+                  solver=plan_solver(settings, plan), backend=settings.backend, loss_fn=sum_outputs,
                   optimizer=optimizer)
     if fc.peak_bytes is None:
         return plan, fc

@@ -32,17 +32,21 @@ class PlanPoint:
     """What the plan costs: recomputed FLOPs, or step time relative to the fastest plan."""
 
 
-def pareto_indices(points: Sequence[PlanPoint]) -> list[int]:
+def pareto_indices(points: Sequence[PlanPoint], *, cost_rel_tol: float = 0.0) -> list[int]:
     """Indices of the non-dominated points (lower peak and lower cost are better), sorted by peak.
 
     A point is dominated when another is no worse on both axes and better on one. Among exact
-    duplicates the first index is kept.
+    duplicates the first index is kept. With ``cost_rel_tol`` > 0, a higher-peak point must also
+    cost less by more than that fraction of the cheapest lower-peak cost to stay on the front
+    (costs that close count as equal).
     """
+    if not 0.0 <= cost_rel_tol < 1.0:
+        raise ValueError(f"`pareto_indices(cost_rel_tol={cost_rel_tol!r})` must be in [0, 1).")
     order = sorted(range(len(points)), key=lambda i: (points[i].peak_bytes, points[i].cost, i))
     front: list[int] = []
     best_cost = float("inf")
     for i in order:
-        if points[i].cost < best_cost:
+        if points[i].cost < best_cost * (1.0 - cost_rel_tol):
             front.append(i)
             best_cost = points[i].cost
     return front
@@ -79,10 +83,12 @@ def plot_frontier(
     title: str = "Memory plans: forecast peak vs cost",
     annotate: bool = True,
     ax: Axes | None = None,
+    cost_rel_tol: float = 1e-3,
 ) -> Figure:
     """Scatter of all candidate plans (each labelled when ``annotate``), their Pareto front as a
-    line, the knee and the chosen plan marked, and an optional memory limit as a vertical line.
-    Returns the figure."""
+    line (``cost_rel_tol`` as :func:`pareto_indices`; the search's knee uses the same 1e-3), the
+    knee and the chosen plan marked, and an optional memory limit as a vertical line. Returns the
+    figure."""
     fig, ax = _axes(ax, (7, 4.5))
     mib = 2.0**20
     xs = [p.peak_bytes / mib for p in points]
@@ -92,7 +98,7 @@ def plot_frontier(
         for k, p in enumerate(points):  # alternate offsets: near-equal plans sit on top of each other
             ax.annotate(p.label, (xs[k], ys[k]), textcoords="offset points",
                         xytext=(5, 4 if k % 2 == 0 else -10), fontsize=7, color="0.35")
-    front = pareto_indices(points)
+    front = pareto_indices(points, cost_rel_tol=cost_rel_tol)
     ax.plot([xs[i] for i in front], [ys[i] for i in front], "-o", color="tab:blue", ms=4,
             label="Pareto front", zorder=3)
     if knee is not None:

@@ -1,14 +1,18 @@
 """Choose a memory plan: forecast candidate plans, then take the knee or the fastest that fits.
 
-A candidate plan is (activation memory budget, checkpointed blocks). Each is forecast on the real
+A candidate plan is (activation memory budget, checkpointed blocks) with the knapsack solver, or a
+whole-graph rematerialization plan (solver ``"remat"``, :mod:`lightning_memplan.remat`), which can
+save less for the same recomputation because it decides every forward value, not only the
+knapsack's candidates. Each is forecast on the real
 compiled graphs of the model (:func:`lightning_memplan.forecast`): its predicted peak above the
 baseline (bytes) and its cost, the FLOPs of the compiled forward and backward graphs (recomputation
 shows up in the backward graph, so more recomputation costs more). The choice:
 
 * ``max_memory`` given: the cheapest plan whose ``baseline + peak`` fits it; if none fits, a
   :class:`PlanDoesNotFit` error that names the smallest forecast;
-* otherwise the knee: the plan on the Pareto front (lower peak, lower cost) closest to the origin
-  after min-max normalizing both axes.
+* otherwise the knee: the plan on the Pareto front (lower peak, lower cost; costs within
+  :data:`COST_TIE` of each other count as equal) closest to the origin after min-max normalizing
+  both axes.
 
 Decisions rest on the forecast peak, not on the budget number: the measured peak is not monotonic
 in the budget (budget 0.0 can peak as high as 1.0), and checkpointing blocks reaches lower.
@@ -29,9 +33,18 @@ from .plan import Candidate, MemPlan
 from .report import PlanPoint, pareto_indices
 from .units import format_bytes
 
-__all__ = ["DEFAULT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose", "forecast_flops", "search"]
+__all__ = ["DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose", "forecast_flops", "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
+
+COST_TIE = 1e-3
+"""Plans whose recompute FLOPs differ by less than this fraction are equally fast for the front: a
+plan that saves memory for a handful of pointwise FLOPs dominates the one that does not, so a
+near-tie cannot stretch the front (and move the knee) with a point no faster in practice."""
+
+DEFAULT_REMAT_BUDGETS: tuple[float, ...] = (0.55, 0.4, 0.25)
+"""Whole-graph rematerialization plans a search adds (solver ``"remat"``; a budget caps the saved
+bytes between the least and the cheapest plan's, see :mod:`lightning_memplan.remat`)."""
 """Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
 
 
@@ -90,11 +103,15 @@ def search(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     max_memory: int | None = None,
     on_candidate: Callable[[Candidate], None] | None = None,
+    remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
 ) -> SearchResult:
     """Forecast every (checkpoint set, budget) plan and choose one (see the module docstring).
 
     ``backend`` is the one candidates are compiled with (``"aot_eager"`` avoids code generation);
     the chosen plan's final forecast is the caller's to make on the real backend.
+    ``remat_budgets`` adds whole-graph rematerialization plans (solver ``"remat"``) to the
+    candidates, forecast from the same trace on ``"aot_eager"`` (``()``: none). With
+    ``solver="remat"`` the candidates are remat plans at ``budgets`` only.
 
     Raises:
         PlanDoesNotFit: ``max_memory`` given and no forecast fits it.
@@ -106,9 +123,13 @@ def search(
     candidates: list[Candidate] = []
     baseline: int | None = None
     sets = [tuple(ck) for ck in checkpoint_sets]
+    remat_only = solver == "remat"
+    if remat_only:  # remat plans at the given budgets; the knapsack grid is only the frugal run
+        remat_budgets, budgets = tuple(budgets), (1.0,)
+    remat_budgets = tuple(remat_budgets)
     # aot_eager: ONE trace of the unchanged model; its joint graph is partitioned under every budget
     # and every checkpoint set (emulated by recompute tags, as torch.utils.checkpoint sets them)
-    grid: dict[tuple[tuple[str, ...], float], Any] = {}
+    grid: dict[Any, Any] = {}
     sweepable = backend in ("aot_eager", "aot_eager_decomp_partition") and bool(budgets)
     if sweepable:
         # its one real forward and backward runs the most checkpointed plan: the search must not run
@@ -116,10 +137,11 @@ def search(
         frugal = (max(sets, key=len) if sets else (), float(budgets[0]))
         try:
             grid = forecast_grid(model, tuple(example_inputs), budgets=tuple(budgets), checkpoint_sets=sets,
-                                 solver=solver, loss_fn=loss_fn, optimizer=optimizer, run=frugal)
+                                 solver="dp" if remat_only else solver, loss_fn=loss_fn, optimizer=optimizer,
+                                 run=frugal, remat_budgets=remat_budgets)
         except Exception:  # noqa: BLE001 - fall back to one trace per checkpoint set
             grid = {}
-    for ck in sets:
+    for ck in (() if remat_only else sets):
         with checkpointed(model, ck):
             swept: dict[float, Any] = {b: grid[(ck, b)] for b in budgets
                                        if (ck, b) in grid and grid[(ck, b)].status == "ok"}
@@ -148,6 +170,20 @@ def search(
                     for part in cand.note.split("; ")
                 ):
                     break  # everything is checkpointed already: lower budgets change nothing
+    for b in remat_budgets:
+        try:
+            fc = grid.get(("remat", b))
+            if fc is None or fc.status != "ok":
+                fc = forecast(model, tuple(example_inputs), budget=b, solver="remat", backend=backend,
+                              loss_fn=loss_fn, optimizer=optimizer)
+            cand = Candidate(budget=b, peak_bytes=fc.peak_bytes, cost=forecast_flops(fc), note=_note(fc),
+                             solver="remat")
+            baseline = fc.baseline_bytes if baseline is None else baseline
+        except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
+            cand = Candidate(budget=b, note=f"forecast failed: {exc!r}", solver="remat")
+        candidates.append(cand)
+        if on_candidate is not None:
+            on_candidate(cand)
     plan = choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory,
                   solver=solver if isinstance(solver, str) else f"custom:{getattr(solver, '__qualname__', 'solver')}")
     return SearchResult(plan=plan, seconds=time.perf_counter() - t0)
@@ -168,7 +204,7 @@ def choose(
         raise RuntimeError(f"every candidate plan's forecast failed; first cause: {first}")
     points = [PlanPoint(label=candidates[i].label, peak_bytes=int(candidates[i].peak_bytes or 0),
                         cost=float(candidates[i].cost or 0.0)) for i in ok]
-    front = [ok[k] for k in pareto_indices(points)]
+    front = [ok[k] for k in pareto_indices(points, cost_rel_tol=COST_TIE)]
     knee = _knee(candidates, front)
     if max_memory is not None:
         fitting = [i for i in ok if baseline_bytes + int(candidates[i].peak_bytes or 0) <= max_memory]
@@ -195,7 +231,7 @@ def _plan(candidates: Sequence[Candidate], chosen: int, knee: int, baseline_byte
           reason: str) -> MemPlan:
     c = candidates[chosen]
     return MemPlan(
-        budget=c.budget, solver=solver, checkpoint=c.checkpoint, predicted_peak_bytes=c.peak_bytes,
+        budget=c.budget, solver=c.solver or solver, checkpoint=c.checkpoint, predicted_peak_bytes=c.peak_bytes,
         baseline_bytes=baseline_bytes, reason=reason, knee=knee, chosen=chosen,
         candidates=tuple(candidates), notes=(c.note,) if c.note else (),
     )

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from .checkpointing import CheckpointPolicy, checkpointed
 from .plan import MemPlan
 from .planner import PlanSettings, decide_plan, forecast_plan
-from .search import DEFAULT_BUDGETS
+from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 
 __all__ = ["plan_memory"]
 
@@ -79,6 +79,7 @@ def plan_memory(
     backend: str = "inductor",
     candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
     search_backend: str = "aot_eager",
+    remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
 ) -> MemPlan:
     """Choose a memory plan for ``model`` on the first training batch, without training.
 
@@ -94,7 +95,8 @@ def plan_memory(
     """
     settings = PlanSettings.from_args(
         "plan_memory", budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint,
-        backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend)
+        backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend,
+        remat_budgets=remat_budgets)
     if train_dataloaders is not None:
         loader = train_dataloaders
     elif datamodule is not None:

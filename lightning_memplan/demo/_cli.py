@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-SOLVERS = ("dp", "hirschberg", "greedy", "ilp")
+SOLVERS = ("dp", "hirschberg", "greedy", "ilp", "remat")
 
 
 def _budget(text: str) -> float | str:
@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="'auto' (search candidate plans; default) or an activation memory budget in [0, 1]")
     p.add_argument("--max-memory", default=None,
                    help="byte target for parameters + optimizer state + batch + step peak, e.g. 16MiB")
-    p.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver (default: dp)")
+    p.add_argument("--solver", choices=SOLVERS, default="dp", help="solver: a knapsack solver or remat (default: dp)")
     p.add_argument("--epochs", type=int, default=2, help="training epochs (default: 2)")
     p.add_argument("--batches", type=int, default=12, help="training batches per epoch (default: 12)")
     p.add_argument("--backend", choices=("inductor", "aot_eager"), default=None,

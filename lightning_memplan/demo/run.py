@@ -46,7 +46,7 @@ class DemoOptions:
     max_memory: int | str | None = None
     """Byte target for baseline + step peak (``"64MiB"``), or None."""
     solver: str = "dp"
-    """Knapsack solver: ``"dp"``, ``"hirschberg"``, ``"greedy"`` or ``"ilp"``."""
+    """Solver: ``"dp"``, ``"hirschberg"``, ``"greedy"``, ``"ilp"`` or ``"remat"``."""
     epochs: int = 2
     """Training epochs."""
     batches: int = 12

@@ -20,7 +20,8 @@ from lightning_memplan import MemPlanCallback  # noqa: E402
 
 def main(out_dir: str) -> None:
     torch._dynamo.config.optimize_ddp = False  # one graph per model (DDPOptimizer splits it)
-    cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None)
+    cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
+                         remat_budgets=(0.4,))
     trainer = Trainer(
         max_epochs=1, accelerator="cpu", devices=2, strategy="ddp", callbacks=[cb],
         logger=CSVLogger(out_dir), enable_checkpointing=False, enable_model_summary=False,

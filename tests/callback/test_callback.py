@@ -77,9 +77,12 @@ def test_auto_searches_plans_and_draws_the_frontier(tmp_path: Path) -> None:
     trainer.fit(model)
     plan = cb.plan
     assert plan is not None and plan.reason.startswith("knee")
-    # 3 checkpoint sets (none, every 2nd, all) x 2 budgets, minus nothing-to-recompute repeats
-    assert 4 <= len(plan.candidates) <= 6
-    assert {c.checkpoint for c in plan.candidates} == {(), ("blocks.1",), ("blocks.0", "blocks.1", "blocks.2")}
+    # 3 checkpoint sets (none, every 2nd, all) x 2 budgets, minus nothing-to-recompute repeats,
+    # then the whole-graph remat plans
+    knapsack = [c for c in plan.candidates if not c.solver]
+    assert 4 <= len(knapsack) <= 6
+    assert {c.checkpoint for c in knapsack} == {(), ("blocks.1",), ("blocks.0", "blocks.1", "blocks.2")}
+    assert [(c.budget, c.solver) for c in plan.candidates[len(knapsack):]] == [(0.55, "remat"), (0.4, "remat"), (0.25, "remat")]
     assert plan.candidates[plan.chosen].budget == plan.budget
     assert all(c.peak_bytes and c.peak_bytes > 0 for c in plan.candidates)
     assert (Path(logger.log_dir) / "memplan" / "frontier.png").stat().st_size > 10_000
@@ -143,6 +146,22 @@ def test_plan_file_is_reused_without_search(tmp_path: Path) -> None:
     assert cb.plan.budget == 0.2 and cb.plan.reason == "tuned earlier" and cb.plan.candidates == ()
 
 
+def test_remat_plans_train_from_the_argument_and_from_a_plan_file(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.3, solver="remat", backend="aot_eager", measure_batches=2)
+    trainer = _trainer(tmp_path, cb, epochs=1)
+    trainer.fit(TinyNet())
+    assert cb.fallback_reason is None and cb.plan.solver == "remat"
+    assert [r.decision.reason for r in cb.forecast.regions] == ["remat"]
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.10
+    # a plan chosen by a search (or a tuner) carries its solver: the callback compiles with it
+    path = MemPlan(budget=0.3, solver="remat", reason="tuned").save(tmp_path / "remat.json")
+    again = MemPlanCallback(plan=str(path), backend="aot_eager")  # the solver argument stays "dp"
+    _trainer(tmp_path / "b", again, epochs=1).fit(TinyNet())
+    assert again.fallback_reason is None
+    assert [r.decision.reason for r in again.forecast.regions] == ["remat"]
+
+
 def test_resume_takes_the_checkpoint_plan(tmp_path: Path) -> None:
     ck = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     first = MemPlanCallback(0.5, backend="aot_eager")
@@ -172,11 +191,13 @@ def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -
         (dict(budget=1.5), r"`MemPlanCallback\(budget=1.5\)` is not a valid activation memory budget"),
         (dict(budget="atuo"), r"`MemPlanCallback\(budget='atuo'\)` is not valid\. Expected a float in \[0.0, 1.0\] or 'auto'\. Did you mean 'auto'\?"),
         (dict(max_memory="20 gigs"), r"`max_memory='20 gigs'` is not a byte size"),
-        (dict(solver="cplex"), r"`MemPlanCallback\(solver='cplex'\)` is not a known knapsack solver"),
+        (dict(solver="cplex"), r"`MemPlanCallback\(solver='cplex'\)` is not a known solver"),
         (dict(checkpoint="all"), r"`checkpoint='all'` is not a checkpoint policy"),
         (dict(backend="tvm"), r"`MemPlanCallback\(backend='tvm'\)` is not a supported backend"),
         (dict(measure_batches=0), r"`MemPlanCallback\(measure_batches=0\)` must be an int >= 1"),
         (dict(candidate_budgets=()), r"`MemPlanCallback\(candidate_budgets=\(\)\)` is empty"),
+        (dict(remat_budgets=0.5), r"`MemPlanCallback\(remat_budgets=0.5\)` must be a sequence of budgets"),
+        (dict(remat_budgets=(1.2,)), r"`MemPlanCallback\(remat_budgets=\(1.2,\)\)` must be a sequence of budgets in \[0, 1\]"),
         (dict(plan="nope.json"), r"`MemPlanCallback\(plan='nope.json'\)`: no such file"),
         (dict(compile_kwargs={"backend": "eager"}), r"set the backend with `backend=`"),
     ],

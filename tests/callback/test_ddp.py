@@ -19,7 +19,7 @@ def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
     assert ranks[0]["fallback"] is None and ranks[1]["fallback"] is None
     assert ranks[0]["budget"] == ranks[1]["budget"]
     # rank 0 searched; rank 1 received the same plan, candidates included
-    assert ranks[0]["candidates"] == ranks[1]["candidates"] == 2
+    assert ranks[0]["candidates"] == ranks[1]["candidates"] == 3  # two budgets and one remat plan
     assert all(r["measured"] and r["measured"][0] for r in ranks)
     rows = list(csv.DictReader(open(Path(ranks[0]["log_dir"]) / "metrics.csv")))
     logged = [float(r["memplan/measured_peak_bytes"]) for r in rows if r.get("memplan/measured_peak_bytes")]

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import lightning_memplan.compile as compile_mod
-from lightning_memplan.search import search
+from lightning_memplan.search import DEFAULT_REMAT_BUDGETS, search
 
 
 def test_one_trace_for_every_plan(monkeypatch) -> None:  # noqa: ANN001
@@ -23,8 +23,9 @@ def test_one_trace_for_every_plan(monkeypatch) -> None:  # noqa: ANN001
     result = search(model, (torch.randn(16, 64),), budgets=(1.0, 0.5, 0.1), checkpoint_sets=((), ("0",)),
                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1), on_candidate=seen.append)
     assert calls == [1.0]  # one dynamo backend call (one region): checkpoint sets are emulated on its graph
-    assert [(c.budget, c.checkpoint) for c in seen] == [
-        (b, ck) for ck in ((), ("0",)) for b in (1.0, 0.5, 0.1)]
+    assert [(c.budget, c.checkpoint, c.solver) for c in seen] == [
+        (b, ck, "") for ck in ((), ("0",)) for b in (1.0, 0.5, 0.1)] + [
+        (b, (), "remat") for b in DEFAULT_REMAT_BUDGETS]  # remat plans from the same trace
     assert all(c.peak_bytes is not None and c.cost is not None for c in seen), [c.note for c in seen]
     assert result.plan.candidates == tuple(seen)
 
@@ -48,4 +49,19 @@ def test_the_emulated_candidates_equal_a_search_with_one_trace_per_set(monkeypat
     # the fallback path: one trace per set, with the blocks really wrapped
     per_set = search(make(), (x,), **kw).plan.candidates
     assert refused == [1]
-    assert [(c.budget, c.checkpoint, c.peak_bytes) for c in one] == [(c.budget, c.checkpoint, c.peak_bytes) for c in per_set]
+    assert [(c.budget, c.checkpoint, c.solver, c.peak_bytes) for c in one] == [
+        (c.budget, c.checkpoint, c.solver, c.peak_bytes) for c in per_set]
+    assert {c.solver for c in one} == {"", "remat"}
+
+
+def test_a_remat_only_search_and_its_plan_round_trip_through_json(tmp_path) -> None:  # noqa: ANN001
+    from lightning_memplan.plan import MemPlan
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64), nn.GELU(), nn.Linear(64, 1))
+    plan = search(model, (torch.randn(256, 64),), budgets=(0.6, 0.2), checkpoint_sets=((), ("0",)),
+                  solver="remat").plan
+    assert [(c.label, c.solver) for c in plan.candidates] == [("remat 0.6", "remat"), ("remat 0.2", "remat")]
+    assert plan.solver == "remat" and all(c.peak_bytes for c in plan.candidates)
+    back = MemPlan.load(plan.save(tmp_path / "plan.json"))
+    assert back == plan

@@ -32,6 +32,6 @@ def test_smoke_run_prints_every_section_and_the_summary() -> None:
     out = proc.stdout
     for marker in ("[1/3] forecast", "[2/3] plans", "[3/3] knapsack solvers", "Summary", "memplan bench exit code 0"):
         assert marker in out, out[-3000:]
-    assert "full block ckpt" in out and "auto (budget" in out
+    assert "full block ckpt" in out and "remat 0.4" in out and "auto (" in out
     assert "failed:" not in out, out[-3000:]
     assert "1/1 rows" in out  # the forecast row ran and produced an error figure

@@ -176,7 +176,7 @@ def test_bad_budget(budget: object) -> None:
 
 
 def test_bad_solver() -> None:
-    with pytest.raises(ValueError, match=r"memplan_backend\(solver='knap'\)` is not a known knapsack solver\. "
+    with pytest.raises(ValueError, match=r"memplan_backend\(solver='knap'\)` is not a known solver\. "
                                          r"Expected one of 'greedy', 'dp', 'hirschberg', 'ilp'"):
         memplan_backend(solver="knap")
 

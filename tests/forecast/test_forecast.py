@@ -133,7 +133,7 @@ def test_exports() -> None:
     ("kwargs", "match"),
     [
         ({"budget": 2.0}, r"`forecast\(budget=2\.0\)` is not a valid activation memory budget\. Expected a float in \[0\.0, 1\.0\]"),
-        ({"solver": "simplex"}, r"`forecast\(solver='simplex'\)` is not a known knapsack solver\. Expected one of 'greedy', 'dp'"),
+        ({"solver": "simplex"}, r"`forecast\(solver='simplex'\)` is not a known solver\. Expected one of 'greedy', 'dp'"),
         ({"backend": "eager"}, r"`forecast\(backend='eager'\)` is not a supported backend\. Expected one of 'inductor'"),
         ({"loss_fn": 3}, r"`forecast\(loss_fn=3\)` is not callable"),
         ({"optimizer": "adam"}, r"`forecast\(optimizer='adam'\)` is not a torch\.optim\.Optimizer, or None"),

@@ -25,6 +25,18 @@ def test_pareto_indices_brute_force() -> None:
         assert [pts[i].peak_bytes for i in front] == sorted(pts[i].peak_bytes for i in front)
 
 
+def test_near_equal_costs_are_ties_with_a_tolerance() -> None:
+    import pytest
+
+    # b saves half the memory of a for 1e-7 more cost: without a tolerance a stays on the front
+    pts = [PlanPoint(label="a", peak_bytes=100, cost=1e11), PlanPoint(label="b", peak_bytes=50, cost=1e11 + 1e4),
+           PlanPoint(label="c", peak_bytes=10, cost=2e11)]
+    assert pareto_indices(pts) == [2, 1, 0]
+    assert pareto_indices(pts, cost_rel_tol=1e-3) == [2, 1]
+    with pytest.raises(ValueError, match=r"`pareto_indices\(cost_rel_tol=1\.5\)` must be in \[0, 1\)"):
+        pareto_indices(pts, cost_rel_tol=1.5)
+
+
 def test_plots_write_pngs(tmp_path: Path) -> None:
     pts = [PlanPoint(label=f"b{b}", peak_bytes=int((1.2 - b) * 2**24), cost=b**2 * 1e9) for b in np.linspace(0, 1, 9)]
     fig = plot_frontier(pts, knee=4, chosen=5, limit_bytes=2**23)
