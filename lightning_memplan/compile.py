@@ -641,7 +641,8 @@ class MemplanBackend:
                 try:
                     sol = self._tag_remat(gm, b, r, bounds)
                     if sol is not None:
-                        with fconfig.patch(activation_memory_budget=1.0, activation_memory_budget_solver=self._remat_solver):
+                        with fconfig.patch(activation_memory_budget=1.0,
+                                           activation_memory_budget_solver=self._remat_solver):
                             r.fw_graph, r.bw_graph = partition(gm, joint_inputs, **kw)
                         _note_remat(r, b, sol)
                 except Exception as err:  # noqa: BLE001 - a sweep plan must not break the compile

@@ -64,9 +64,10 @@ class RematProblem:
 
     def __post_init__(self) -> None:
         n = len(self.nbytes)
-        if any(len(x) != n for x in (self.cost, self.needed, self.saveable, self.recomputable)):
+        lengths = [len(x) for x in (self.nbytes, self.cost, self.needed, self.saveable, self.recomputable)]
+        if any(k != n for k in lengths):
             raise ValueError("RematProblem: nbytes, cost, needed, saveable and recomputable must have one "
-                             f"entry per value; got lengths {[len(x) for x in (self.nbytes, self.cost, self.needed, self.saveable, self.recomputable)]}.")
+                             f"entry per value; got lengths {lengths}.")
         if any(b < 0 for b in self.nbytes) or any(not (c >= 0) for c in self.cost):
             raise ValueError("RematProblem: nbytes and cost must be >= 0.")
         bad = [e for e in self.edges if not (0 <= e[0] < e[1] < n)]
@@ -96,8 +97,9 @@ class RematSolution:
     """True when HiGHS proved the plan optimal within its default gap; False at its time limit."""
 
 
-def _matrices(p: RematProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Constraint rows (coo triplets) and their lower bounds, over variables ``[s_0..s_n-1, r_0..r_n-1]``."""
+def _matrices(p: RematProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Constraint rows (coo triplets), their lower bounds and their count, over the variables
+    ``[s_0..s_n-1, r_0..r_n-1]``."""
     n = p.n
     rows: list[int] = []
     cols: list[int] = []
@@ -117,7 +119,7 @@ def _matrices(p: RematProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
         vals += [1.0, 1.0, -1.0]
         lower.append(0.0)
         k += 1
-    return np.array(rows), np.array(cols), np.array(vals), np.array(lower), np.array([k])
+    return np.array(rows), np.array(cols), np.array(vals), np.array(lower), k
 
 
 def _milp(c: np.ndarray, a: Any, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray,
@@ -144,8 +146,8 @@ def _solve(p: RematProblem, *, max_saved_bytes: float | None, minimise: str, tim
     cost = np.asarray(p.cost, dtype=float)
     row_b = np.concatenate([nbytes / max(float(nbytes.max()), 1.0), np.zeros(n)])
     row_c = np.concatenate([np.zeros(n), cost / max(float(cost.max()), 1.0)])
-    rows, cols, vals, lower, (k,) = _matrices(p)
-    base = coo_matrix((vals, (rows, cols)), shape=(int(k), 2 * n)).tocsr()
+    rows, cols, vals, lower, k = _matrices(p)
+    base = coo_matrix((vals, (rows, cols)), shape=(k, 2 * n)).tocsr()
     ub = np.concatenate([np.asarray(p.saveable, dtype=float), np.asarray(p.recomputable, dtype=float)])
     extra_a: list[np.ndarray] = []
     extra_hi: list[float] = []
@@ -158,7 +160,7 @@ def _solve(p: RematProblem, *, max_saved_bytes: float | None, minimise: str, tim
     for objective in (first, second):
         a = vstack([base, *[r[None, :] for r in extra_a]]).tocsr() if extra_a else base
         got = _milp(objective, a, np.concatenate([lower, np.full(len(extra_a), -np.inf)]),
-                    np.concatenate([np.full(int(k), np.inf), extra_hi]), ub, time_limit)
+                    np.concatenate([np.full(k, np.inf), extra_hi]), ub, time_limit)
         if got is None:
             if x is None:
                 return None
@@ -177,7 +179,8 @@ def _solve(p: RematProblem, *, max_saved_bytes: float | None, minimise: str, tim
                          cost=float(sum(p.cost[i] for i in recomputed)), optimal=optimal)
 
 
-def remat_bounds(problem: RematProblem, *, time_limit: float = DEFAULT_TIME_LIMIT) -> tuple[RematSolution, RematSolution]:
+def remat_bounds(problem: RematProblem, *,
+                 time_limit: float = DEFAULT_TIME_LIMIT) -> tuple[RematSolution, RematSolution]:
     """``(least_bytes, cheapest)``: the plan with the fewest saved bytes (then least cost) and the
     plan with the least recompute cost (then fewest bytes). Their saved bytes span budgets 0..1.
 

@@ -33,9 +33,11 @@ from .plan import Candidate, MemPlan
 from .report import PlanPoint, pareto_indices
 from .units import format_bytes
 
-__all__ = ["DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose", "forecast_flops", "search"]
+__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose",
+           "forecast_flops", "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
+"""Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
 
 COST_TIE = 1e-3
 """Plans whose recompute FLOPs differ by less than this fraction are equally fast for the front: a
@@ -45,7 +47,6 @@ near-tie cannot stretch the front (and move the knee) with a point no faster in 
 DEFAULT_REMAT_BUDGETS: tuple[float, ...] = (0.55, 0.4, 0.25)
 """Whole-graph rematerialization plans a search adds (solver ``"remat"``; a budget caps the saved
 bytes between the least and the cheapest plan's, see :mod:`lightning_memplan.remat`)."""
-"""Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
 
 
 class PlanDoesNotFit(RuntimeError):

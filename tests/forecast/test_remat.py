@@ -110,3 +110,10 @@ def test_bad_input_is_refused_with_the_argument_named() -> None:
         solve_remat_budget(p, 1.5)
     with pytest.raises(ValueError, match=r"`solve_remat\(max_saved_bytes=-1\)`"):
         solve_remat(p, -1)
+
+
+def test_a_graph_whose_backward_reads_nothing_saves_and_recomputes_nothing() -> None:
+    p = RematProblem(nbytes=(4, 4), cost=(1.0, 1.0), needed=(False, False), saveable=(True, True),
+                     recomputable=(True, True), edges=((0, 1),))
+    for sol in (*remat_bounds(p), solve_remat_budget(p, 0.5), solve_remat(p, 0)):
+        assert (sol.saved, sol.recomputed, sol.saved_bytes, sol.cost) == ((), (), 0, 0.0)
