@@ -121,8 +121,9 @@ def candidates_table(plan: Any) -> str:
         mark = " ".join(m for m, j in (("chosen", plan.chosen), ("knee", plan.knee)) if j == i)
         flops = "-" if c.cost is None else f"{c.cost / 1e9:.2f}"
         note = c.note.replace("solver not called", "not called")
-        rows.append([f"{c.budget:g}", len(c.checkpoint), format_bytes(c.peak_bytes), flops, note, mark])
-    return tabulate(rows, headers=["budget", "ckpt blocks", "forecast peak", "GFLOPs fwd+bwd",
+        solver = "remat" if c.solver == "remat" else "knapsack"
+        rows.append([solver, f"{c.budget:g}", len(c.checkpoint), format_bytes(c.peak_bytes), flops, note, mark])
+    return tabulate(rows, headers=["plan", "budget", "ckpt blocks", "forecast peak", "GFLOPs fwd+bwd",
                                    "partitioner", ""], tablefmt="github")
 
 

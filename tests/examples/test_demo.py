@@ -75,3 +75,16 @@ def test_demo_cli_rejects_bad_flags(argv: list[str], match: str, capsys: pytest.
 def test_demo_reports_a_bad_max_memory_by_name() -> None:
     with pytest.raises(SystemExit, match="max_memory"):
         main(["demo", "--max-memory", "lots", "--no-progress-bar"])
+
+
+def test_the_candidates_table_names_each_plans_kind() -> None:
+    from lightning_memplan.demo.run import candidates_table
+    from lightning_memplan.plan import Candidate, MemPlan
+
+    cands = (Candidate(budget=1.0, peak_bytes=2**20, cost=1e9, note="solver not called (budget_1)"),
+             Candidate(budget=0.4, peak_bytes=2**19, cost=1.1e9, note="solver called", solver="remat"))
+    table = candidates_table(MemPlan(budget=0.4, solver="remat", candidates=cands, knee=1, chosen=1))
+    lines = table.splitlines()
+    assert lines[0].split("|")[1].strip() == "plan"
+    assert lines[2].split("|")[1].strip() == "knapsack" and "not called (budget_1)" in lines[2]
+    assert lines[3].split("|")[1].strip() == "remat" and "chosen knee" in lines[3]
