@@ -50,6 +50,17 @@ def test_single_device_inductor_forecast_matches_allocator(tmp_path: Path, budge
     assert abs(row["memplan/prediction_error"]) < 0.08
 
 
+def test_remat_plan_under_inductor_on_cuda(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.3, solver="remat", backend="inductor", checkpoint=None, measure_batches=2)
+    trainer = _fit(tmp_path, cb)
+    assert cb.fallback_reason is None and cb.plan.solver == "remat"
+    assert [r.decision.reason for r in cb.forecast.regions] == ["remat"]
+    row = _last_row(trainer)
+    print(f"\ncuda inductor remat 0.3: predicted {row['memplan/predicted_peak_bytes']:.0f} B, "
+          f"measured {row['memplan/measured_peak_bytes']:.0f} B, error {row['memplan/prediction_error']:+.2%}")
+    assert abs(row["memplan/prediction_error"]) < 0.08
+
+
 def test_fsdp_strategy_plans_compiles_and_reports(tmp_path: Path) -> None:
     cb = MemPlanCallback(0.5, backend="inductor", checkpoint=None, measure_batches=2)
     trainer = _fit(tmp_path, cb, strategy="fsdp")
