@@ -96,6 +96,12 @@ def test_graph_breaks_are_forecast_per_region(make_mlp: Callable[..., nn.Module]
     assert len(fc.regions) >= 2 and fc.status == "ok"
     assert {s.region for s in fc.timeline if s.phase == "backward"} == {r.index for r in fc.regions}
     assert abs(rel_error(fc)) <= 0.05
+    # whole-graph rematerialization plans every region on its own joint graph
+    torch._dynamo.reset()
+    fc = forecast(model, (X,), budget=0.3, solver="remat", backend="aot_eager")
+    assert len(fc.regions) >= 2 and fc.status == "ok", fc.problems
+    assert [r.decision.reason for r in fc.regions if r.decision] == ["remat"] * len(fc.regions)
+    assert abs(rel_error(fc)) <= 0.05
 
 
 def test_capture_failure_is_reported_and_step_still_trains(
