@@ -39,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="torch.compile backend (default: inductor on CUDA, aot_eager on CPU)")
     p.add_argument("--candidate-budgets", type=float, nargs="+", default=None, metavar="B",
                    help="budgets the search tries with each checkpoint set (default: 1.0 0.3)")
+    p.add_argument("--remat-budgets", type=float, nargs="*", default=None, metavar="B",
+                   help="budgets of the whole-graph remat plans the search adds (default: 0.55 0.4 0.25; "
+                        "none: give the flag alone)")
     p.add_argument("--out", type=Path, default=Path("memplan_out"),
                    help="directory for the logs and PNGs (default: ./memplan_out)")
     p.add_argument("--no-progress-bar", action="store_true", help="hide Lightning's progress bar")
@@ -47,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo with the parsed flags; returns 0 (raises SystemExit on a bad option)."""
+    from ..search import DEFAULT_REMAT_BUDGETS
     from .run import DEMO_BUDGETS, DemoOptions, run_demo
 
     try:
@@ -54,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             model_size=args.model_size, budget=args.budget, max_memory=args.max_memory,
             solver=args.solver, epochs=args.epochs, batches=args.batches, backend=args.backend,
             candidate_budgets=tuple(args.candidate_budgets or DEMO_BUDGETS), out=args.out,
+            remat_budgets=DEFAULT_REMAT_BUDGETS if args.remat_budgets is None else tuple(args.remat_budgets),
             progress_bar=not args.no_progress_bar)
         run_demo(options)
     except ValueError as exc:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from tabulate import tabulate
 
+from ..search import DEFAULT_REMAT_BUDGETS
 from ..units import format_bytes
 from .data import make_dataloader
 from .model import GPT, MODEL_SIZES, Block
@@ -57,6 +58,8 @@ class DemoOptions:
     """``torch.compile`` backend; None: :func:`default_backend`."""
     candidate_budgets: tuple[float, ...] = DEMO_BUDGETS
     """Budgets the search tries with each checkpoint set."""
+    remat_budgets: tuple[float, ...] = DEFAULT_REMAT_BUDGETS
+    """Budgets of the whole-graph rematerialization plans the search adds (``()``: none)."""
     out: Path = Path("memplan_out")
     """Directory for the CSV log, the metrics and the PNGs."""
     progress_bar: bool = True
@@ -146,7 +149,7 @@ def run_demo(options: DemoOptions = DemoOptions(), *, echo: bool = True) -> Demo
     backend = options.backend or default_backend()
     callback = MemPlanCallback(
         options.budget, max_memory=options.max_memory, solver=options.solver, backend=backend,
-        candidate_budgets=options.candidate_budgets, verbose=echo,
+        candidate_budgets=options.candidate_budgets, remat_budgets=options.remat_budgets, verbose=echo,
         # name the block class: with 2 blocks, "auto" would tie with the 2 embeddings
         checkpoint={Block},
     )
@@ -165,7 +168,8 @@ def run_demo(options: DemoOptions = DemoOptions(), *, echo: bool = True) -> Demo
         + (f", max_memory={options.max_memory!r}" if options.max_memory is not None else "")
         + f", solver={options.solver!r}).", flush=True)
     if options.budget == "auto":
-        say("The first batch forecasts each candidate plan (budget x checkpointed blocks) on the real "
+        say("The first batch forecasts each candidate plan (budget x checkpointed blocks, and whole-graph "
+            "remat plans) on the real "
             "compiled graphs; that takes a few seconds per plan on a CPU.", flush=True)
     logger = CSVLogger(options.out, name="demo")
     trainer = Trainer(

@@ -43,11 +43,12 @@ def test_model_shapes_and_config_errors() -> None:
 
 
 def test_demo_cli_trains_plans_reports_and_draws(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["demo", "--epochs", "2", "--batches", "3", "--candidate-budgets", "1.0",
+    rc = main(["demo", "--epochs", "2", "--batches", "3", "--candidate-budgets", "1.0", "--remat-budgets", "0.4",
                "--no-progress-bar", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "Candidate plans" in out and "chosen" in out
+    assert any(line.startswith("| remat ") and "0.4" in line for line in out.splitlines())
     assert "predicted peak" in out and "measured peak" in out
     log_dir = next((tmp_path / "demo").glob("version_*"))
     rows = [r for r in csv.DictReader(open(log_dir / "metrics.csv")) if r.get("memplan/budget")]
@@ -75,6 +76,8 @@ def test_demo_cli_rejects_bad_flags(argv: list[str], match: str, capsys: pytest.
 def test_demo_reports_a_bad_max_memory_by_name() -> None:
     with pytest.raises(SystemExit, match="max_memory"):
         main(["demo", "--max-memory", "lots", "--no-progress-bar"])
+    with pytest.raises(SystemExit, match=r"remat_budgets=\(1\.5,\)\)` must be a sequence of budgets"):
+        main(["demo", "--remat-budgets", "1.5", "--no-progress-bar"])
 
 
 def test_the_candidates_table_names_each_plans_kind() -> None:
