@@ -595,14 +595,12 @@ class MemplanBackend:
                 region.errors.append(f"run checkpoint {run_ck!r}: no forward node was traced inside these "
                                      "blocks; the run plan is not checkpointed")
             bounds: dict[str, Any] = {}  # the rematerialization bounds of this joint graph, solved once
-            run_remat = self._tag_remat(joint, self.budget, region, bounds) if self.remat else None
             self._min_cut_scope = (region.index, call, (f"remat:{self.budget!r}",) if self.remat else run_ck)
             try:
-                out = partition(joint, joint_inputs, **kw)
+                out = (self._partition_remat(partition, joint, joint_inputs, kw, region, bounds) if self.remat
+                       else partition(joint, joint_inputs, **kw))
             finally:
                 self._min_cut_scope = None
-            if run_remat is not None:
-                _note_remat(region, self.budget, run_remat)
             fconfig = _compat.functorch_config()
             # a plan whose partitioner found nothing more to recompute gives the same partition
             # under every lower budget: (budget, region) where that happened, per checkpoint set
@@ -655,6 +653,16 @@ class MemplanBackend:
             return out
 
         return partition_fn
+
+    def _partition_remat(self, partition: Callable[..., Any], joint: fx.GraphModule, joint_inputs: Any,
+                         kw: dict[str, Any], region: RegionCapture, bounds: dict[str, Any]) -> Any:
+        """The compiled plan's partition under solver ``"remat"``: tag ``joint`` at ``budget``,
+        partition it, record the decision (untagged, torch's budget 1.0, if the MILP failed)."""
+        sol = self._tag_remat(joint, self.budget, region, bounds)
+        out = partition(joint, joint_inputs, **kw)
+        if sol is not None:
+            _note_remat(region, self.budget, sol)
+        return out
 
     @staticmethod
     def _tag_remat(gm: fx.GraphModule, budget: float, region: RegionCapture, bounds: dict[str, Any]) -> Any:
@@ -737,11 +745,7 @@ class MemplanBackend:
 
         def with_remat(partition: Callable[..., Any]) -> Callable[..., Any]:
             def partition_fn(joint: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
-                sol = self._tag_remat(joint, self.budget, region, {})
-                out = partition(joint, joint_inputs, **kw)
-                if sol is not None:
-                    _note_remat(region, self.budget, sol)
-                return out
+                return self._partition_remat(partition, joint, joint_inputs, kw, region, {})
             return partition_fn
 
         with _compat.inductor_partitioner(with_remat):

@@ -79,10 +79,7 @@ class PlanSettings:
         name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
         if checkpoint is not None and checkpoint != "auto":
             checkpoint = frozenset(_policy_classes(checkpoint))
-        if isinstance(remat_budgets, (str, int, float)):
-            raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1] "
-                             "(empty for none).")
-        try:
+        try:  # a number is not iterable (TypeError); a string iterates into non-budgets (ValueError)
             remat = tuple(_check_budget(b, call) for b in remat_budgets)
         except (TypeError, ValueError):
             raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1] "

@@ -127,6 +127,7 @@ def search(
     remat_only = solver == "remat"
     if remat_only:  # remat plans at the given budgets; the knapsack grid is only the frugal run
         remat_budgets, budgets = tuple(budgets), (1.0,)
+        sets = [max(sets, key=len)] if sets else []
     remat_budgets = tuple(remat_budgets)
     # aot_eager: ONE trace of the unchanged model; its joint graph is partitioned under every budget
     # and every checkpoint set (emulated by recompute tags, as torch.utils.checkpoint sets them)
