@@ -7,10 +7,16 @@
 Each row compiles one training step (forward, ``y.pow(2).mean()``, backward, AdamW step, zero_grad)
 with ``lightning_memplan.forecast``, runs one warm-up step, then measures one step with
 ``lightning_memplan.measure.PeakWindow`` (as ``measure_peak``; CPU: profiler memory events; CUDA: allocator statistics).
-Error is signed, ``(predicted - measured) / measured``. On CUDA, ``requested`` is the same peak in
-the bytes the program asked for (``PeakWindow.requested_peak_bytes``): ``measured`` minus it is the
-caching allocator's rounding at the peak, which depends on what the cache held (a forecast cannot see
-it; on CPU both are equal). Peers, each against the same measurement:
+Error is signed, ``(predicted - measured) / measured``. On CUDA the prediction is the caching
+allocator's (``Forecast.cuda_allocator``: our allocation stream replayed through its model, in
+blocks as ``max_memory_allocated`` counts them), each row starts from an empty cache
+(``torch.cuda.empty_cache``), and more columns compare the parts: ``requested`` is the measured peak
+in the bytes the program asked for (``PeakWindow.requested_peak_bytes``) against our requested
+forecast (``Forecast.requested_peak_bytes``); ``reserved`` is ``memory_reserved`` after the
+measured step against the model's segments; ``trace`` replays one more step under
+``torch.cuda.memory._record_memory_history`` and compares its allocations with our stream (count,
+and the share of our sizes found among the real ones). On CPU the prediction is the requested peak.
+Peers, each against the same measurement:
 ``torch FX`` is torch's FX-level estimate of the compiled graphs
 (``torch._inductor.fx_passes.memory_estimator``, CPU counted, no optimizer); ``solver`` is the
 partitioner's own estimate, the bytes of the activations it chose to save. ``overhead`` is the time
@@ -100,7 +106,29 @@ def _mib(x: int | None) -> str:
     return "n/a" if x is None else f"{x / MiB:.2f}"
 
 
-def run_row(model_name: str, backend: str, budget: float, device: str) -> dict[str, object]:
+def trace_step(fc: object) -> str:
+    """CUDA: run one more step under the allocator's memory history and compare its allocations
+    with the forecast's stream: ``real/ours allocations, share of our sizes among the real ones``."""
+    from collections import Counter
+
+    memory = torch.cuda.memory
+    try:
+        memory._record_memory_history(max_entries=200_000)
+        fc.step()  # type: ignore[attr-defined]
+        torch.cuda.synchronize()
+        snap = memory._snapshot()
+    finally:
+        memory._record_memory_history(enabled=None)
+    real = Counter(e["size"] for tr in snap["device_traces"] for e in tr if e["action"] == "alloc")
+    ours = Counter(e.nbytes for e in fc.allocations.events if e.op == "alloc" and e.device == "cuda")  # type: ignore[attr-defined]
+    rounded = Counter({-(-n // 512) * 512: c for n, c in ours.items()})
+    found = sum((rounded & real).values())
+    return f"{sum(real.values())}/{sum(ours.values())}, {found / max(sum(ours.values()), 1):.0%}"
+
+
+def run_row(model_name: str, backend: str, budget: float, device: str, trace: bool = False) -> dict[str, object]:
+    if device == "cuda":
+        torch.cuda.empty_cache()
     torch.manual_seed(0)
     model, inputs = MODELS[model_name]()
     model, inputs = model.to(device), tuple(t.to(device) for t in inputs)
@@ -112,11 +140,23 @@ def run_row(model_name: str, backend: str, budget: float, device: str) -> dict[s
         fc.step()
     meas, requested = window.peak_bytes, window.requested_peak_bytes
     reasons = sorted({r.decision.reason for r in fc.regions if r.decision is not None})
+    cuda: dict[str, object] = {}
+    if device == "cuda":
+        sim = fc.cuda_allocator
+        cuda = {"reserved MiB": _mib(torch.cuda.memory_reserved()),
+                "reserved forecast MiB": _mib(sim.reserved_peak_bytes if sim else None)}
+        if trace and fc.allocations is not None:
+            try:
+                cuda["trace real/ours, sizes found"] = trace_step(fc)
+            except Exception as exc:  # noqa: BLE001 - a diagnostic; the row stands without it
+                cuda["trace real/ours, sizes found"] = f"failed: {exc!r}"[:60]
     return {
         "model": model_name, "backend": "inductor" if backend == "inductor" else "aot_eager_d_p",
         "budget": budget, "regions": len(fc.regions), "partitioner": ",".join(reasons) or "n/a",
         "predicted MiB": _mib(fc.peak_bytes), "measured MiB": _mib(meas), "error": _err(fc.peak_bytes, meas),
-        "requested MiB": _mib(requested), "error vs requested": _err(fc.peak_bytes, requested),
+        "requested MiB": _mib(requested), "requested forecast MiB": _mib(fc.requested_peak_bytes),
+        "error vs requested": _err(fc.requested_peak_bytes, requested),
+        **cuda,
         "torch FX MiB": _mib(fc.torch_fx_estimate_bytes), "torch FX err": _err(fc.torch_fx_estimate_bytes, meas),
         "solver MiB": _mib(fc.solver_estimate_bytes), "solver err": _err(fc.solver_estimate_bytes, meas),
         "compile s": f"{fc.compile_seconds:.1f}",

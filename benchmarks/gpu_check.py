@@ -9,7 +9,8 @@ Three sections, then one summary table:
 1. **Forecast**: predicted vs measured peak of one training step (forward, loss, backward, AdamW,
    zero_grad) for an MLP, a GPT and a CNN at budgets 1.0 / 0.5 / 0.2 under inductor, via
    ``lightning_memplan.forecast`` and ``measure_peak`` (``torch.cuda.max_memory_allocated`` above
-   the bytes in use at the start). Rows of ``benchmarks/forecast.py``.
+   the bytes in use at the start), with the requested and reserved bytes beside them and a memory
+   history trace of one more step. Rows of ``benchmarks/forecast.py``.
 2. **Plans**: a 6-layer GPT (dim 512, sequence 512, batch 16): torch's budget alone at 1.0 / 0.7 /
    0.5 / 0.3, every block checkpointed, whole-graph rematerialization (solver ``"remat"``) at the
    search's remat budgets, and ``auto`` (what ``MemPlanCallback(budget="auto")`` decides: the knee
@@ -91,7 +92,7 @@ def forecast_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
                 rows.append({"model": name, "budget": budget, "error": "skipped (time limit)", "_err": math.nan})
                 continue
             try:
-                rows.append(run_row(name, backend, budget, cfg["device"]))
+                rows.append(run_row(name, backend, budget, cfg["device"], trace=cfg["device"] == "cuda"))
             except Exception as exc:  # noqa: BLE001 - one failed row must not end the check
                 rows.append({"model": name, "budget": budget, "error": f"failed: {exc!r}"[:120], "_err": math.nan})
             _cleanup()
@@ -232,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n[1/3] forecast vs measured ({cfg['backend']})", flush=True)
     frows, f_s = _timed(lambda: forecast_section(cfg, deadline, args.row_seconds, reserve))
     cols = ["model", "budget", "partitioner", "predicted MiB", "measured MiB", "error", "requested MiB",
-            "error vs requested", "compile s"]
+            "requested forecast MiB", "error vs requested", "reserved MiB", "reserved forecast MiB",
+            "trace real/ours, sizes found", "compile s"]
     print(tabulate([[r.get(c, "") for c in cols] for r in frows], headers=cols, tablefmt="github"), flush=True)
 
     print(f"\n[2/3] plans on a GPT {cfg['gpt']} ({cfg['backend']})", flush=True)

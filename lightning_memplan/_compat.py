@@ -14,7 +14,7 @@ import contextlib
 import importlib
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -358,10 +358,28 @@ def storage_weak_ref(storage: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- inductor wrapper plan
-_NONFREEABLE_PREFIXES = ("primals_", "arg", "fwd_rng_state", "bwd_rng_state", "tangents")
+#: Graph inputs inductor never frees (parameters and user inputs, RNG states, incoming gradients).
+NONFREEABLE_PREFIXES = ("primals_", "arg", "fwd_rng_state", "bwd_rng_state", "tangents")
 
 
-def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str, ...]]]:
+class WrapperReplay(NamedTuple):
+    """What :func:`_replay_wrapper_lines` found (bytes)."""
+
+    #: Bytes live after each memory-planning line; ``[0]`` before the first, ``[-1]`` on return.
+    timeline: list[int]
+    #: Bytes of the graph inputs inductor may free (counted from the start).
+    freeable: int
+    #: FX origin names of each extern-kernel step (aligned with ``timeline``).
+    origins: list[tuple[str, ...]]
+    #: ``("alloc" | "free", storage id, bytes, device type)`` in order; the freeable inputs first.
+    events: list[tuple[str, int, int, str]]
+    #: ``marks[i]``: how many events had happened when ``timeline[i]`` was recorded.
+    marks: list[int]
+    #: Graph input name -> storage id (inputs of one storage share it).
+    inputs: dict[str, int]
+
+
+def _replay_wrapper_lines(wrapper: Any) -> WrapperReplay:
     """Replay the memory-planned lines of inductor's Python wrapper: bytes live after each line.
 
     Allocations (``AllocateLine``, an extern kernel's fresh output, each output of a multi-output
@@ -369,7 +387,8 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
     ``ReuseLine``/``ReinterpretLine`` give a storage a second name; ``FreeLine``/``FreeIfNotReusedLine``
     (when not reused) drop a name, and a storage is freed when its last name is gone. Graph inputs inductor may free (not primals or tangents) count from the start.
     The last entry is what stays when the graph returns: the storages of its outputs.
-    Returns (timeline, freeable input bytes, FX origin names of each extern-kernel step).
+    Returns the timeline, the freeable input bytes, the FX origin names of each extern-kernel step,
+    and the allocations and frees in order (storages of 0 bytes never reach an allocator: left out).
     """
     w = importlib.import_module("torch._inductor.codegen.wrapper")
     ir = importlib.import_module("torch._inductor.ir")
@@ -383,16 +402,24 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
             return 0
         return int(hint(layout.storage_size(), fallback=4096)) * layout.dtype.itemsize
 
+    def device(buf: Any) -> str:
+        dev = buf.get_device() if hasattr(buf, "get_device") else None
+        return getattr(dev, "type", None) or "cpu"
+
     names: dict[str, int] = {}
     sizes: dict[int, int] = {}
+    devices: dict[int, str] = {}
     refs: dict[int, set[str]] = {}
     state = {"cur": 0, "next": 0}
+    events: list[tuple[str, int, int, str]] = []
 
-    def alloc(name: str, size: int) -> None:
+    def alloc(name: str, size: int, dev: str) -> None:
         sid = state["next"]
         state["next"] += 1
-        names[name], sizes[sid], refs[sid] = sid, size, {name}
+        names[name], sizes[sid], refs[sid], devices[sid] = sid, size, {name}, dev
         state["cur"] += size
+        if size:
+            events.append(("alloc", sid, size, dev))
 
     def alias(new: str, old: str) -> None:
         sid = names.get(old)
@@ -408,6 +435,8 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
             refs[sid].discard(name)
             if not refs[sid]:
                 state["cur"] -= sizes[sid]
+                if sizes[sid]:
+                    events.append(("free", sid, sizes[sid], devices[sid]))
 
     # a multi-output kernel (a fallback such as convolution_backward or an attention backward) allocates
     # all its outputs while its inputs are still live; the wrapper only names them later
@@ -422,19 +451,38 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
     early: set[str] = set()
     unnamed: dict[str, list[str]] = {}  # kernel name -> early outputs no MultiOutputLine named yet
 
+    # inputs that are views of one storage (the q, k, v slices of one saved qkv buffer) are one
+    # allocation, of the storage's size, freed with its last name: grouped by the FX placeholders'
+    # FakeTensor storages
+    fakes = {n.target: n.meta.get("val") for n in graph.module.graph.find_nodes(op="placeholder")} \
+        if isinstance(getattr(graph, "module", None), torch.fx.GraphModule) else {}
+    first_of: dict[int, str] = {}
     freeable = 0
     for name, inp in graph.graph_inputs.items():
         if not hasattr(inp, "get_layout"):
             continue
-        size = 0 if name.startswith(_NONFREEABLE_PREFIXES) else nbytes(inp)
+        fake = fakes.get(name)
+        if name.startswith(NONFREEABLE_PREFIXES):
+            size = 0
+        elif isinstance(fake, torch.Tensor):
+            key = storage_key(fake)
+            if key in first_of:
+                alias(name, first_of[key])
+                continue
+            first_of[key] = name
+            size = concrete_int(fake.untyped_storage().nbytes())
+        else:
+            size = nbytes(inp)
         freeable += size
-        alloc(name, size)
+        alloc(name, size, device(inp))
+    input_sids = {name: names[name] for name in graph.graph_inputs if name in names}
     timeline: list[int] = [state["cur"]]
+    marks: list[int] = [len(events)]
     origins: list[tuple[str, ...]] = [()]
     for line in wrapper.lines:
         node = getattr(line, "node", None)
         if isinstance(line, w.AllocateLine):
-            alloc(node.get_name(), nbytes(node))
+            alloc(node.get_name(), nbytes(node), device(node))
         elif isinstance(line, w.ReuseLine):
             alias(line.reused_as.get_name(), node.get_name())
             if line.delete_old:
@@ -451,10 +499,10 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
             if aliased:
                 alias(node.get_name(), aliased[0])
             else:
-                alloc(node.get_name(), nbytes(node))
+                alloc(node.get_name(), nbytes(node), device(node))
                 for out in outputs_of.get(node.get_name(), ()):
                     if nbytes(out):
-                        alloc(out.get_name(), nbytes(out))
+                        alloc(out.get_name(), nbytes(out), device(out))
                         early.add(out.get_name())
                         unnamed.setdefault(node.get_name(), []).append(out.get_name())
         elif isinstance(line, w.MultiOutputLine):
@@ -463,29 +511,35 @@ def _replay_wrapper_lines(wrapper: Any) -> tuple[list[int], int, list[tuple[str,
                     if line.result_name in outs:
                         outs.remove(line.result_name)
             else:
-                alloc(line.result_name, nbytes(graph.get_buffer(line.result_name)))
+                buf = graph.get_buffer(line.result_name)
+                alloc(line.result_name, nbytes(buf), device(buf))
         elif not isinstance(line, w.ExternKernelOutLine):
             continue
         timeline.append(state["cur"])
+        marks.append(len(events))
         is_extern = isinstance(line, (w.ExternKernelAllocLine, w.ExternKernelOutLine))
         origins.append(tuple(sorted(o.name for o in (getattr(node, "origins", None) or ()))) if is_extern else ())
     # frees at the very end are dropped from the lines: on return only the outputs' storages stay
     kept = {names[n] for n in graph.get_output_names() if n in names}
     timeline.append(sum(sizes[sid] for sid in kept))
+    for sid in sorted({names[n] for n in names} - kept):
+        if sizes[sid]:
+            events.append(("free", sid, sizes[sid], devices[sid]))
+    marks.append(len(events))
     origins.append(())
-    return timeline, freeable, origins
+    return WrapperReplay(timeline, freeable, origins, events, marks, input_sids)
 
 
 @contextlib.contextmanager
 def probe_inductor_wrapper(
-    on_plan: Callable[[list[int], int, bool, float, list[tuple[str, ...]]], None],
+    on_plan: Callable[[WrapperReplay | None, bool, float], None],
 ) -> Iterator[None]:
     """Observe the allocations inductor's generated wrapper will make, after its buffer reuse.
 
     Wraps ``PythonWrapperCodegen.memory_plan_reuse``; after it ran, replays the planned lines
     (:func:`_replay_wrapper_lines`) and calls
-    ``on_plan(timeline_bytes, freeable_input_bytes, is_backward, seconds, origins)`` (an empty
-    timeline when the replay failed). The class attribute is restored on exit.
+    ``on_plan(replay, is_backward, seconds)`` (``replay`` is ``None`` when the replay failed). The
+    class attribute is restored on exit.
     """
     cls = require("torch._inductor.codegen.wrapper", "PythonWrapperCodegen")
     virtualized = require("torch._inductor.virtualized", "V")
@@ -496,10 +550,10 @@ def probe_inductor_wrapper(
         t0 = time.perf_counter()
         is_backward = bool(getattr(virtualized.graph, "is_backward", False))
         try:
-            timeline, freeable, origins = _replay_wrapper_lines(self)
+            replay: WrapperReplay | None = _replay_wrapper_lines(self)
         except Exception:  # noqa: BLE001 - never break the compile
-            timeline, freeable, origins = [], 0, []
-        on_plan(timeline, freeable, is_backward, time.perf_counter() - t0, origins)
+            replay = None
+        on_plan(replay, is_backward, time.perf_counter() - t0)
         return result
 
     cls.memory_plan_reuse = memory_plan_reuse

@@ -38,6 +38,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from lightning_memplan import _compat
+from lightning_memplan.allocations import AllocEvent, share_inputs
 
 __all__ = [
     "INNER_BACKENDS",
@@ -188,6 +189,11 @@ class ScheduleEstimate:
     #: FX node names step ``i`` (``timeline[i]`` for the scheduler, ``timeline[i + 1]`` for the
     #: wrapper) was lowered from; may be empty.
     origins: tuple[tuple[str, ...], ...] = ()
+    #: The wrapper's allocations and frees in order (storage ids as keys; the freeable inputs first);
+    #: empty for the scheduler's estimate.
+    events: tuple[AllocEvent, ...] = ()
+    #: ``marks[i]``: how many of ``events`` had happened when ``timeline[i]`` was recorded.
+    marks: tuple[int, ...] = ()
 
 
 @dataclass(kw_only=True)
@@ -401,6 +407,33 @@ SweepKey = tuple[tuple[str, ...], float]
 
 
 # --------------------------------------------------------------------------- the backend
+def _share_saved_inputs(
+    replay: _compat.WrapperReplay, events: list[AllocEvent], fw_graph: fx.GraphModule
+) -> tuple[list[AllocEvent], list[int], list[int], int]:
+    """The backward wrapper's replay with its saved activations counted as the forward's storages.
+
+    A saved value is a backward input named after the forward node that made it. Values the forward
+    saved as views of one storage (q, k and v of one qkv buffer) are one allocation; a view of a
+    forward input (a primal) is no allocation. See :func:`lightning_memplan.allocations.share_inputs`.
+    Returns the events, marks, timeline (bytes) and the freeable input bytes.
+    """
+    from lightning_memplan.estimator import GraphStorages
+
+    fws = GraphStorages(fw_graph.graph)
+    owner: dict[Any, Any] = {}
+    sizes: dict[Any, int] = {}
+    for name, sid in replay.inputs.items():
+        keys = fws.produced.get(name)
+        if not keys or name.startswith(_compat.NONFREEABLE_PREFIXES):
+            continue
+        key = keys[0]
+        owner[sid] = None if key in fws.input_keys else key
+        sizes[key] = fws.nbytes[key]
+    new_events, marks, timeline = share_inputs(events, replay.marks, owner, sizes)
+    freeable = sum(e.nbytes for e in new_events[: marks[0]] if e.op == "alloc") if marks else 0
+    return new_events, marks, timeline, freeable
+
+
 class MemplanBackend:
     """A dynamo backend (``torch.compile(model, backend=...)``); build it with :func:`memplan_backend`.
 
@@ -699,14 +732,21 @@ class MemplanBackend:
             else:
                 region.fw_schedule = est
 
-        def on_plan(timeline: list[int], freeable: int, is_backward: bool, seconds: float,
-                    origins: list[tuple[str, ...]]) -> None:
+        def on_plan(replay: _compat.WrapperReplay | None, is_backward: bool, seconds: float) -> None:
             region.capture_seconds += seconds
-            if not timeline:
+            if replay is None or not replay.timeline:
                 region.errors.append("inductor wrapper replay failed")
                 return
+            events = [AllocEvent(op, sid, n, dev) for op, sid, n, dev in replay.events]  # type: ignore[arg-type]
+            timeline, marks, freeable = list(replay.timeline), list(replay.marks), replay.freeable
+            if is_backward and region.fw_graph is not None:
+                try:
+                    events, marks, timeline, freeable = _share_saved_inputs(replay, events, region.fw_graph)
+                except Exception as err:  # noqa: BLE001 - keep the replay as it was
+                    region.errors.append(f"saved activations not matched to the forward: {type(err).__name__}: {err}")
             est = ScheduleEstimate(peak_bytes=max(timeline), timeline=tuple(timeline),
-                                   freeable_input_bytes=freeable, seconds=seconds, origins=tuple(origins[1:]))
+                                   freeable_input_bytes=freeable, seconds=seconds,
+                                   origins=tuple(replay.origins[1:]), events=tuple(events), marks=tuple(marks))
             if is_backward:
                 region.bw_wrapper = est
             else:

@@ -30,6 +30,7 @@ import torch
 import torch.fx as fx
 
 from lightning_memplan._compat import concrete_int, storage_key
+from lightning_memplan.allocations import AllocEvent
 
 __all__ = [
     "GraphStorages",
@@ -133,6 +134,11 @@ class MemoryProfile:
     peak_by_tag: Mapping[str, int] = field(default_factory=dict)
     #: Bytes by tag after the last node.
     end_by_tag: Mapping[str, int] = field(default_factory=dict)
+    #: Counted inputs live at the start, as alloc events keyed by storage key.
+    inputs: tuple[AllocEvent, ...] = ()
+    #: Every allocation and free while the nodes ran, in order (a kernel's workspace is allocated
+    #: after the node's outputs and freed before its inputs are), keyed by storage key.
+    events: tuple[AllocEvent, ...] = ()
 
 
 class MemoryReplay:
@@ -176,8 +182,11 @@ class MemoryReplay:
         self._live: set[int] = set()
         self._by_tag: dict[str, int] = {}
         self.current_bytes = 0
+        self.events: list[AllocEvent] = []
         for k in sorted(live_keys):
             self._alloc(k)
+        self.inputs = tuple(self.events)
+        self.events.clear()
         self.start_bytes = self.current_bytes
         self.peak_bytes = self.current_bytes
         self.peak_node = ""
@@ -198,6 +207,7 @@ class MemoryReplay:
             return
         self._live.add(key)
         size = self._s.nbytes[key]
+        self.events.append(AllocEvent("alloc", key, size, self._s.device[key]))
         self.current_bytes += size
         tag = self._tags.get(key, ACTIVATIONS)
         self._by_tag[tag] = self._by_tag.get(tag, 0) + size
@@ -207,6 +217,7 @@ class MemoryReplay:
             return
         self._live.discard(key)
         size = self._s.nbytes[key]
+        self.events.append(AllocEvent("free", key, size, self._s.device[key]))
         self.current_bytes -= size
         tag = self._tags.get(key, ACTIVATIONS)
         self._by_tag[tag] -= size
@@ -232,6 +243,10 @@ class MemoryReplay:
             if k not in self._s.input_keys:
                 self._alloc(k)
         extra = self._workspace(node) if self._workspace is not None else 0
+        if extra:
+            device = node_device(node)
+            self.events += [AllocEvent("alloc", ("workspace", name), extra, device),
+                            AllocEvent("free", ("workspace", name), extra, device)]
         high = self.current_bytes + extra
         if high > self.peak_bytes:
             self.peak_bytes, self.peak_node, self.peak_by_tag = high, name, dict(self._by_tag)
@@ -263,7 +278,17 @@ class MemoryReplay:
             peak_node=self.peak_node,
             peak_by_tag=dict(self.peak_by_tag),
             end_by_tag=dict(self._by_tag),
+            inputs=self.inputs,
+            events=tuple(self.events),
         )
+
+
+def node_device(node: fx.Node) -> str:
+    """Device type of a node's (first) tensor output, or of its first tensor input; else ``"cpu"``."""
+    for src in (node, *node.all_input_nodes):
+        for t in _tensors(src.meta.get("val")):
+            return t.device.type
+    return "cpu"
 
 
 def _call_nodes(storages: GraphStorages) -> list[str]:
@@ -313,6 +338,8 @@ class RegionMemory:
     #: Bytes of the largest gradient the backward returns in a non-contiguous layout: autograd
     #: copies it into a contiguous tensor (``AccumulateGrad``'s layout contract) after the graph.
     grad_copy_bytes: int = 0
+    #: Storage keys of the backward's incoming gradients (among ``bw.inputs``).
+    tangent_keys: frozenset[int] = frozenset()
 
 
 def profile_region(
@@ -377,4 +404,5 @@ def profile_region(
         tangent_bytes=_bytes(bws, tangents),
         gradient_bytes=sum(bws.nbytes[k] for k in grad_keys if devices is None or bws.device[k] in devices),
         matched_by="storage" if shared else "name",
+        tangent_keys=frozenset(bws.keys_of(tangents) & bws.input_keys),
     )

@@ -14,12 +14,16 @@ What is counted (bytes): before the step (``baseline_bytes``) the parameters, bu
 steady-state optimizer state (unique storages); during the step the activations of every compiled
 region (from its captured forward and backward graphs: :mod:`lightning_memplan.estimator`, or
 inductor's scheduler estimate on its final node order), the gradients the backward creates, and the
-optimizer's step temporaries (:mod:`lightning_memplan.optim_memory`). Not visible: eager code between
-graph breaks, allocator fragmentation and rounding, kernels' internal workspaces.
+optimizer's step temporaries (:mod:`lightning_memplan.optim_memory`). On CUDA the same step,
+storage by storage, is replayed through a model of the caching allocator
+(:mod:`lightning_memplan.allocations`), whose blocks ``max_memory_allocated`` counts. Not visible:
+eager code between graph breaks, blocks other work left in the allocator's cache, kernels' internal
+workspaces beyond the probed ones.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 import types
@@ -32,6 +36,15 @@ import torch
 import torch.nn as nn
 
 from lightning_memplan import _compat
+from lightning_memplan.allocations import (
+    AllocatorForecast,
+    AllocEvent,
+    GraphTrace,
+    RegionTrace,
+    StepAllocations,
+    simulate_cuda_allocator,
+    stitch_step,
+)
 from lightning_memplan.compile import (
     KnapsackRecord,
     MemplanBackend,
@@ -43,7 +56,12 @@ from lightning_memplan.compile import (
     memplan_backend,
     resolve_solver,
 )
-from lightning_memplan.estimator import GRADIENTS, RegionMemory, profile_region
+from lightning_memplan.estimator import (
+    GRADIENTS,
+    RegionMemory,
+    node_device,
+    profile_region,
+)
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.workspace import probe_workspace
 
@@ -117,8 +135,12 @@ class Forecast:
     why, and ``step()`` still trains with the compiled plan.
     """
 
-    #: Predicted peak of one step above the bytes live before it; ``None`` on failure.
+    #: Predicted peak of one step above the bytes live before it; ``None`` on failure. On CUDA the
+    #: caching allocator's bytes (``cuda_allocator.allocated_peak_bytes``: blocks, as
+    #: ``torch.cuda.max_memory_allocated`` counts them) when its model ran, else ``requested_peak_bytes``.
     peak_bytes: int | None
+    #: The same peak in bytes requested: the highest sum of live storages, no allocator rounding.
+    requested_peak_bytes: int | None = None
     #: Bytes live before the step: parameters, buffers, inputs, optimizer state (unique storages).
     baseline_bytes: int
     breakdown: MemoryBreakdown | None
@@ -140,6 +162,12 @@ class Forecast:
     compile_seconds: float
     #: Seconds spent snapshotting graphs during compilation, plus computing this forecast.
     overhead_seconds: float
+    #: The step's allocations and frees in order (the forecast's timeline, storage by storage);
+    #: ``None`` when a region's estimate has no per-storage detail.
+    allocations: StepAllocations | None = field(default=None, repr=False)
+    #: What the CUDA caching allocator reports for this step (:mod:`lightning_memplan.allocations`),
+    #: when the parameters are on CUDA; ``None`` otherwise.
+    cuda_allocator: AllocatorForecast | None = None
     _step: Callable[[], torch.Tensor] = field(repr=False, compare=False)
     _backend: MemplanBackend = field(repr=False, compare=False)
 
@@ -149,15 +177,15 @@ class Forecast:
 
 
 # --------------------------------------------------------------------------- helpers
-def _unique_bytes(tensors: Sequence[torch.Tensor], seen: set[int]) -> int:
-    total = 0
+def _unique_storages(tensors: Sequence[torch.Tensor], seen: set[int]) -> list[tuple[int, str]]:
+    """(bytes, device type) of each storage not in ``seen`` (which it extends), in order."""
+    out: list[tuple[int, str]] = []
     for t in tensors:
-        st = t.untyped_storage()
         key = _compat.storage_key(t)
         if key not in seen:
             seen.add(key)
-            total += int(st.nbytes())
-    return total
+            out.append((int(t.untyped_storage().nbytes()), t.device.type))
+    return out
 
 
 def _fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -231,28 +259,56 @@ class _Plan:
     tangents_in_timeline: bool
     #: Transient copy of a non-contiguous gradient right after the backward (see RegionMemory).
     grad_copy: int
+    #: The same step as allocations and frees, for the allocator model; ``None`` when the
+    #: estimate has no per-storage detail (inductor's scheduler estimate).
+    trace: RegionTrace | None = None
 
 
-def _with_workspace(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> tuple[int, ...]:
-    """The scheduler timeline plus each extern kernel's workspace at the step it runs in.
+def _workspaces(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> dict[int, tuple[int, str]]:
+    """Each extern kernel's workspace at the step of ``est.timeline`` it runs in: step -> (bytes, device).
 
     Steps are matched to FX nodes by the names they were lowered from; without origins the largest
     workspace is added at the peak step (an upper bound).
     """
     out = list(est.timeline or (0,))
     if gm is None:
-        return tuple(out)
-    ws = {n.name: probe_workspace(n) for n in gm.graph.nodes}
+        return {}
+    nodes = {n.name: n for n in gm.graph.nodes}
+    ws = {k: probe_workspace(n) for k, n in nodes.items()}
     ws = {k: v for k, v in ws.items() if v}
     if not ws:
-        return tuple(out)
+        return {}
+    steps: dict[int, tuple[int, str]] = {}
     if est.origins:
         for i, names in enumerate(est.origins[: len(out) - shift]):
-            out[i + shift] += max((ws.get(n, 0) for n in names), default=0)
+            top = max((n for n in names if n in ws), key=ws.__getitem__, default=None)
+            if top is not None:
+                steps[i + shift] = (ws[top], node_device(nodes[top]))
     else:
-        top = max(range(len(out)), key=out.__getitem__)
-        out[top] += max(ws.values())
+        top = max(ws, key=ws.__getitem__)
+        steps[max(range(len(out)), key=out.__getitem__)] = (ws[top], node_device(nodes[top]))
+    return steps
+
+
+def _with_workspace(est: ScheduleEstimate, steps: dict[int, tuple[int, str]]) -> tuple[int, ...]:
+    """The estimate's timeline plus the workspaces of :func:`_workspaces`."""
+    out = list(est.timeline or (0,))
+    for i, (n, _) in steps.items():
+        out[i] += n
     return tuple(out)
+
+
+def _wrapper_trace(est: ScheduleEstimate, steps: dict[int, tuple[int, str]], tag: str,
+                   held: tuple[AllocEvent, ...] = ()) -> GraphTrace:
+    """The wrapper replay's events as a trace: keys ``(tag, storage id)``, workspaces inserted at their step."""
+    events = [e._replace(key=(tag, e.key)) for e in est.events]
+    n_inputs = est.marks[0] if est.marks else 0
+    for i in sorted(steps, reverse=True):  # insert from the back: earlier positions stay valid
+        n, dev = steps[i]
+        at = est.marks[i] if i < len(est.marks) else len(events)
+        key = (tag, "workspace", i)
+        events[at:at] = [AllocEvent("alloc", key, n, dev), AllocEvent("free", key, n, dev)]
+    return GraphTrace(inputs=tuple(events[:n_inputs]), events=tuple(events[n_inputs:]), held_tangents=held)
 
 
 def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Plan:
@@ -266,6 +322,11 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         bw_grads_at_peak=bw.peak_by_tag.get(GRADIENTS, 0) if bw else 0,
         gradients=mem.gradient_bytes, tangents=mem.tangent_bytes, tangents_in_timeline=True,
         grad_copy=mem.grad_copy_bytes,
+        trace=RegionTrace(
+            forward=GraphTrace(inputs=mem.fw.inputs, events=mem.fw.events),
+            backward=(GraphTrace(inputs=bw.inputs, tangent_keys=frozenset(mem.tangent_keys), events=bw.events)
+                      if bw is not None else None),
+            grad_copy=mem.grad_copy_bytes),
     )
     if not use_scheduler:
         return fx_plan
@@ -276,8 +337,17 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
     if fs is None or (bw is not None and bs is None):
         return fx_plan
     # neither sees kernel workspaces: add each extern kernel's at its step
-    fw_tl = _with_workspace(fs, region.fw_graph, shift)
-    bw_tl = _with_workspace(bs, region.bw_graph, shift) if bs is not None else ()
+    fw_ws = _workspaces(fs, region.fw_graph, shift)
+    bw_ws = _workspaces(bs, region.bw_graph, shift) if bs is not None else {}
+    fw_tl = _with_workspace(fs, fw_ws)
+    bw_tl = _with_workspace(bs, bw_ws) if bs is not None else ()
+    trace = None
+    if method == "inductor_wrapper":
+        # inductor never frees the tangents: they are held through the backward (from the FX profile)
+        held = tuple(e for e in bw.inputs if e.key in mem.tangent_keys) if bw is not None else ()
+        trace = RegionTrace(forward=_wrapper_trace(fs, fw_ws, "fw"),
+                            backward=_wrapper_trace(bs, bw_ws, "bw", held) if bs is not None else None,
+                            grad_copy=mem.grad_copy_bytes)
     return _Plan(
         index=region.index, method=method,
         fw_nodes=tuple(f"sched{i}" for i in range(len(fw_tl))), fw_timeline=tuple(fw_tl),
@@ -289,6 +359,7 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         gradients=mem.gradient_bytes, tangents=mem.tangent_bytes,
         tangents_in_timeline=False,  # inductor does not count tangents (non-freeable inputs)
         grad_copy=mem.grad_copy_bytes,
+        trace=trace,
     )
 
 
@@ -342,6 +413,19 @@ def _layout(plans: list[_Plan], opt: OptimizerMemory | None) -> tuple[list[Timel
             best = (top, (offset - grads, grads, opt.step_peak_bytes))
         timeline.append(TimelineStep(phase="optimizer", region=-1, node="zero_grad", bytes=offset - grads))
     return timeline, best[0], best[1]
+
+
+def _allocations(plans: list[_Plan], opt: OptimizerMemory | None,
+                 baseline: list[tuple[int, str]]) -> StepAllocations | None:
+    """The step's allocations, stitched as :func:`_layout` lays the timeline out; ``None`` when a
+    region has no per-storage trace."""
+    if any(p.trace is None for p in plans):
+        return None
+    existing = opt is not None and opt.state_source == "existing"
+    state = opt.state_storages if opt is not None else ()
+    step = stitch_step([p.trace for p in plans if p.trace is not None], opt.step_events if opt is not None else None)
+    return dataclasses.replace(step, baseline=(*baseline, *(state if existing else ())),
+                               new_state=() if existing else state)
 
 
 def _check_args(model: object, example_inputs: object, loss_fn: object, optimizer: object) -> tuple[Any, ...]:
@@ -469,11 +553,12 @@ def _assemble(
     t1 = time.perf_counter()
     problems: list[str] = [f"region {r.index}: {e}" for r in be_regions for e in r.errors]
     seen: set[int] = set()
-    baseline = {
-        "parameters": _unique_bytes(params, seen),
-        "buffers": _unique_bytes(list(model.buffers()), seen),
-        "inputs": _unique_bytes(list(inputs), seen),
+    storages = {
+        "parameters": _unique_storages(params, seen),
+        "buffers": _unique_storages(list(model.buffers()), seen),
+        "inputs": _unique_storages(list(inputs), seen),
     }
+    baseline = {k: sum(n for n, _ in v) for k, v in storages.items()}
     if opt_mem is None and optimizer is not None:
         opt_mem = optimizer_memory(optimizer)
     if opt_mem is not None and opt_mem.problem:
@@ -505,9 +590,25 @@ def _assemble(
     peak: int | None = None
     breakdown: MemoryBreakdown | None = None
     timeline: list[TimelineStep] = []
+    allocations: StepAllocations | None = None
+    allocator: AllocatorForecast | None = None
+    requested: int | None = None
     if plans:
         timeline, peak, (acts, grads, temps) = _layout(plans, opt_mem)
+        requested = peak
         breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps)
+        allocations = _allocations(plans, opt_mem, [s for v in storages.values() for s in v])
+        device = params[0].device.type if params else "cpu"
+        consistent = allocations is not None and allocations.requested_peak_bytes == requested
+        if allocations is not None and not consistent:
+            problems.append(f"the step's allocations peak at {allocations.requested_peak_bytes} bytes, the "
+                            f"timeline at {requested}: the CUDA allocator model was not run")
+        if allocations is not None and consistent and device == "cuda" and len(plans) == len(be_regions):
+            try:
+                allocator = simulate_cuda_allocator(allocations, device=device)
+                peak = allocator.allocated_peak_bytes
+            except Exception as err:  # noqa: BLE001 - the requested peak stands
+                problems.append(f"CUDA allocator model failed: {type(err).__name__}: {err}")
     status = "failed" if peak is None else ("partial" if len(plans) < len(be_regions) else "ok")
     if status != "ok":
         warnings.warn(f"lightning_memplan.forecast: {status}: " + "; ".join(problems), RuntimeWarning, stacklevel=stacklevel)
@@ -520,7 +621,8 @@ def _assemble(
                 else None)
     overhead = sum(r.capture_seconds for r in be_regions) + (time.perf_counter() - t1) + extra_seconds
     return Forecast(
-        peak_bytes=peak, baseline_bytes=baseline_bytes, breakdown=breakdown, regions=tuple(regions),
+        peak_bytes=peak, requested_peak_bytes=requested, allocations=allocations, cuda_allocator=allocator,
+        baseline_bytes=baseline_bytes, breakdown=breakdown, regions=tuple(regions),
         timeline=tuple(timeline), budget=budget, solver=solver_name, backend=inner, status=status,
         problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
         torch_fx_estimate_bytes=torch_fx, compile_seconds=compile_seconds, overhead_seconds=overhead,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from lightning_memplan import _compat
+from lightning_memplan.allocations import AllocEvent
 
 __all__ = ["OptimizerMemory", "optimizer_memory"]
 
@@ -34,6 +35,11 @@ class OptimizerMemory:
     state_source: str
     #: Why the step could not be simulated (then ``step_peak_bytes`` is 0); ``""`` when it was.
     problem: str = ""
+    #: The state's storages (bytes, device type), unique, in parameter order.
+    state_storages: tuple[tuple[int, str], ...] = ()
+    #: The temporaries of one steady-state ``step()`` plus ``zero_grad``, allocated and freed in
+    #: order (keys local to this trace); their running sum peaks at ``step_peak_bytes``.
+    step_events: tuple[AllocEvent, ...] = ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,13 +51,20 @@ def _tracker_class() -> type:
 
         def __init__(self) -> None:
             super().__init__()
-            self._live: dict[int, tuple[Any, int]] = {}
+            self._live: dict[int, tuple[Any, int, str]] = {}
             self.current = 0
             self.peak = 0
+            self.events: list[AllocEvent] = []
 
         def _sweep(self) -> None:
-            for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
-                self.current -= self._live.pop(key)[1]
+            for key in [k for k, (ref, _, _) in self._live.items() if ref.expired()]:
+                _, nbytes, device = self._live.pop(key)
+                self.current -= nbytes
+                self.events.append(AllocEvent("free", key, nbytes, device))
+
+        def __exit__(self, *exc: object) -> Any:
+            self._sweep()
+            return super().__exit__(*exc)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             self._sweep()
@@ -66,8 +79,9 @@ def _tracker_class() -> type:
                     continue
                 st = t.untyped_storage()
                 nbytes = int(st.nbytes())
-                self._live[key] = (_compat.storage_weak_ref(st), nbytes)
+                self._live[key] = (_compat.storage_weak_ref(st), nbytes, t.device.type)
                 self.current += nbytes
+                self.events.append(AllocEvent("alloc", key, nbytes, t.device.type))
             self.peak = max(self.peak, self.current)
             return out
 
@@ -75,11 +89,16 @@ def _tracker_class() -> type:
 
 
 def _unique_bytes(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
+    return sum(n for n, _ in _unique_storages(tensors, "cpu"))
+
+
+def _unique_storages(tensors: list[torch.Tensor], meta_device: str) -> tuple[tuple[int, str], ...]:
+    """(bytes, device type) of each distinct storage, in first-seen order; ``meta`` read as ``meta_device``."""
+    seen: dict[int, tuple[int, str]] = {}
     for t in tensors:
-        st = t.untyped_storage()
-        seen[_compat.storage_key(t)] = int(st.nbytes())
-    return sum(seen.values())
+        dev = meta_device if t.device.type == "meta" else t.device.type
+        seen.setdefault(_compat.storage_key(t), (int(t.untyped_storage().nbytes()), dev))
+    return tuple(seen.values())
 
 
 def _state_tensors(state: Any) -> list[torch.Tensor]:
@@ -121,15 +140,19 @@ def optimizer_memory(optimizer: torch.optim.Optimizer) -> OptimizerMemory:
                                             for k, v in s.items()}
         else:
             clone.step()  # creates the state, as the first real step will
-        state_bytes = _unique_bytes(existing) if has_state else _unique_bytes(_state_tensors(clone.state))
+        device = params[0].device.type if params else "cpu"
+        storages = _unique_storages(existing if has_state else _state_tensors(clone.state), device)
         with _tracker_class()() as tracker:
             clone.step()
             clone.zero_grad(set_to_none=True)
-        return OptimizerMemory(state_bytes=state_bytes, step_peak_bytes=tracker.peak,
-                               state_source="existing" if has_state else "simulated")
+        events = tuple(e._replace(device=device) if e.device == "meta" else e for e in tracker.events)
+        return OptimizerMemory(state_bytes=sum(n for n, _ in storages), step_peak_bytes=tracker.peak,
+                               state_source="existing" if has_state else "simulated",
+                               state_storages=storages, step_events=events)
     except Exception as err:  # noqa: BLE001 - any optimizer: report, never fail the forecast
+        storages = _unique_storages(existing, params[0].device.type if params else "cpu")
         return OptimizerMemory(
-            state_bytes=_unique_bytes(existing), step_peak_bytes=0,
+            state_bytes=sum(n for n, _ in storages), step_peak_bytes=0, state_storages=storages,
             state_source="existing",
             problem=f"could not simulate {type(optimizer).__name__}.step() on meta tensors: "
                     f"{type(err).__name__}: {err}",

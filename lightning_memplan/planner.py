@@ -150,7 +150,16 @@ def lightning_step_peak(fc: Any, grads: int) -> int:
     ``training_step`` and before ``backward``: during the forward they are still live (they belong
     to the starting bytes), and from the backward on they are gone while the new ones are created.
     So the forward part of the forecast timeline stands as it is, and the rest is ``grads`` lower.
+
+    On CUDA (``fc.cuda_allocator`` set) the peak is the caching allocator's, in blocks as
+    ``torch.cuda.max_memory_allocated`` counts them: the forecast's allocations in Lightning's order
+    (:func:`~lightning_memplan.allocations.lightning_order`) replayed through its model.
     """
+    if fc.cuda_allocator is not None and fc.allocations is not None:
+        from .allocations import lightning_order, simulate_cuda_allocator
+
+        return simulate_cuda_allocator(lightning_order(fc.allocations),
+                                       device=fc.cuda_allocator.device).allocated_peak_bytes
     return max([0, *(b for _, b in lightning_step_timeline(fc, grads))])
 
 

@@ -11,6 +11,8 @@ import torch.nn as nn
 import lightning_memplan
 from lightning_memplan import Forecast, forecast, measure_peak
 from lightning_memplan import compile as mp_compile
+from lightning_memplan.allocations import lightning_order, simulate_cuda_allocator
+from lightning_memplan.planner import lightning_step_timeline
 
 X = torch.randn(1024, 256)
 
@@ -24,6 +26,25 @@ def rel_error(fc: Forecast) -> float:
     m = measured(fc)
     assert fc.peak_bytes is not None
     return (fc.peak_bytes - m) / m
+
+
+def check_allocations(fc: Forecast) -> None:
+    """The step's allocation stream is the timeline storage by storage: same peak, each block freed once."""
+    steps = fc.allocations
+    assert steps is not None, fc.problems
+    assert steps.requested_peak_bytes == fc.peak_bytes == fc.requested_peak_bytes
+    allocated = [e.key for e in steps.events if e.op == "alloc"]
+    freed = [e.key for e in steps.events if e.op == "free"]
+    assert len(set(allocated)) == len(allocated) and sorted(freed) == sorted(allocated)
+    assert fc.cuda_allocator is None  # the parameters are on the CPU
+    sim = simulate_cuda_allocator(steps, device="cpu")  # what CUDA's allocator would make of it
+    assert sim.requested_peak_bytes == fc.peak_bytes
+    assert fc.peak_bytes <= sim.allocated_peak_bytes <= sim.allocated_max_bytes <= sim.reserved_peak_bytes
+    if fc.optimizer is not None:  # Lightning's order: the stream peaks where its timeline does
+        grads = fc.breakdown.parameters  # every parameter trains: one gradient each
+        lit = lightning_order(steps)
+        assert lit.requested_peak_bytes == max([0, *(b for _, b in lightning_step_timeline(fc, grads))])
+        assert simulate_cuda_allocator(lit, device="cpu").requested_peak_bytes == lit.requested_peak_bytes
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +62,7 @@ def mlp_forecasts(make_mlp: Callable[..., nn.Module]) -> dict[float, Forecast]:
 def test_mlp_forecast_matches_measured_peak(mlp_forecasts: dict[float, Forecast], budget: float) -> None:
     fc = mlp_forecasts[budget]
     assert fc.status == "ok" and fc.problems == ()
+    check_allocations(fc)
     assert abs(rel_error(fc)) <= 0.03
 
 
@@ -77,6 +99,7 @@ def test_cnn_with_batch_norm_and_model_left_unchanged(make_cnn: Callable[..., nn
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # BN stats restored
     assert all(p.grad is None for p in model.parameters())
     assert fc.breakdown.buffers == sum(b.numel() * b.element_size() for b in model.buffers())
+    check_allocations(fc)
     assert abs(rel_error(fc)) <= 0.05
 
 
@@ -95,12 +118,14 @@ def test_graph_breaks_are_forecast_per_region(make_mlp: Callable[..., nn.Module]
     fc = forecast(model, (X,), budget=0.5, backend="aot_eager", optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
     assert len(fc.regions) >= 2 and fc.status == "ok"
     assert {s.region for s in fc.timeline if s.phase == "backward"} == {r.index for r in fc.regions}
+    check_allocations(fc)
     assert abs(rel_error(fc)) <= 0.05
     # whole-graph rematerialization plans every region on its own joint graph
     torch._dynamo.reset()
     fc = forecast(model, (X,), budget=0.3, solver="remat", backend="aot_eager")
     assert len(fc.regions) >= 2 and fc.status == "ok", fc.problems
     assert [r.decision.reason for r in fc.regions if r.decision] == ["remat"] * len(fc.regions)
+    check_allocations(fc)
     assert abs(rel_error(fc)) <= 0.05
 
 
@@ -167,6 +192,7 @@ def test_inductor_scheduler_forecast(make_mlp: Callable[..., nn.Module]) -> None
         assert est is not None and est.peak_bytes == max(est.timeline)
     # inductor fuses: its own estimate peaks below torch's estimate of the unfused FX graphs
     assert max(region.fw_schedule.peak_bytes, region.bw_schedule.peak_bytes) < fc.regions[0].torch_fx_peak_bytes
+    check_allocations(fc)
     assert abs(rel_error(fc)) <= 0.05
 
 
@@ -194,6 +220,26 @@ def test_inductor_counts_a_multi_output_kernels_outputs_where_it_allocates_them(
                   optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
     assert fc.status == "ok", fc.problems
     assert [r.method for r in fc.regions] == ["inductor_wrapper"]
+    # q, k and v are saved as views of one qkv buffer: one block, freed with its last view
+    check_allocations(fc)
     fc.step()
     measured = measure_peak(fc.step)
     assert fc.peak_bytes == pytest.approx(measured, rel=0.01)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_forecast_is_the_caching_allocators_peak() -> None:
+    # Run on a GPU machine: PYTHONPATH=. python -m pytest -s tests/forecast/test_forecast.py -k cuda
+    torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    model = _Attention().cuda()
+    fc = forecast(model, (torch.randn(8, 128, 64, device="cuda"),), backend="inductor",
+                  optimizer=torch.optim.AdamW(model.parameters()))
+    sim = fc.cuda_allocator
+    assert sim is not None and sim.device == "cuda" and fc.peak_bytes == sim.allocated_peak_bytes
+    assert fc.requested_peak_bytes == fc.allocations.requested_peak_bytes <= fc.peak_bytes
+    fc.step()
+    measured = measure_peak(fc.step, device="cuda")
+    print(f"\ncuda attention: allocator forecast {fc.peak_bytes} B, requested forecast {fc.requested_peak_bytes} B, "
+          f"measured {measured} B, reserved forecast {sim.reserved_peak_bytes} B vs {torch.cuda.memory_reserved()} B")
+    assert fc.peak_bytes == pytest.approx(measured, rel=0.05)

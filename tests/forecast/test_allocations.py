@@ -1,0 +1,163 @@
+"""allocations: a step's allocation stream (stitching graphs, merging aliased inputs) and its CUDA allocator replay."""
+from __future__ import annotations
+
+import pytest
+
+from lightning_memplan.allocations import (
+    AllocEvent,
+    GraphTrace,
+    RegionTrace,
+    StepAllocations,
+    lightning_order,
+    share_inputs,
+    simulate_cuda_allocator,
+    stitch_step,
+)
+
+MiB = 1 << 20
+
+
+def a(key: object, n: int, device: str = "cpu") -> AllocEvent:
+    return AllocEvent("alloc", key, n, device)
+
+
+def f(key: object, n: int, device: str = "cpu") -> AllocEvent:
+    return AllocEvent("free", key, n, device)
+
+
+def ops(events: tuple[AllocEvent, ...]) -> list[tuple[str, int, int]]:
+    return [(e.op, e.key, e.nbytes) for e in events]  # type: ignore[misc]
+
+
+def running(events: tuple[AllocEvent, ...]) -> list[int]:
+    cur, out = 0, []
+    for e in events:
+        cur += e.nbytes if e.op == "alloc" else -e.nbytes
+        out.append(cur)
+    return out
+
+
+def test_one_region_saved_activation_loss_gradient_and_optimizer() -> None:
+    fw = GraphTrace(events=(a("x", 100), a("s", 200), a("loss", 4), f("x", 100)))
+    bw = GraphTrace(inputs=(a("s", 200), a("t", 4)), tangent_keys=frozenset({"t"}),
+                    events=(a("g", 300), f("s", 200), f("t", 4)))
+    step = stitch_step([RegionTrace(forward=fw, backward=bw)], [a("tmp", 50), f("tmp", 50)])
+    events, span = step.events, step.optimizer_span
+    assert ops(events) == [
+        ("alloc", 0, 100), ("alloc", 1, 200), ("alloc", 2, 4), ("free", 0, 100),  # forward
+        ("alloc", 3, 4),  # the loss's gradient: the last region's tangent, made by autograd
+        ("alloc", 4, 300), ("free", 1, 200), ("free", 3, 4),  # backward frees the forward's saved block
+        ("alloc", 5, 50), ("free", 5, 50),  # optimizer temporaries
+        ("free", 4, 300),  # zero_grad
+        ("free", 2, 4),  # the loss, at the end
+    ]
+    assert span == (8, 10) and step.backward_start == 4 and step.zero_grad_span == (10, 11)
+    assert max(running(events)) == 508 and running(events)[-1] == 0
+    assert step.requested_peak_bytes == 508
+
+
+def _chain(held: bool) -> list[RegionTrace]:
+    """Region 0's output ``o0`` feeds region 1; region 1's backward returns its gradient ``gin``."""
+    r0_bw = (GraphTrace(inputs=(a("s0", 32),), held_tangents=(a("t0", 64),), events=(a("g0", 16), f("s0", 32)))
+             if held else
+             GraphTrace(inputs=(a("s0", 32), a("t0", 64)), tangent_keys=frozenset({"t0"}),
+                        events=(a("g0", 16), f("s0", 32), f("t0", 64))))
+    return [
+        RegionTrace(forward=GraphTrace(events=(a("o0", 64), a("s0", 32))), backward=r0_bw),
+        RegionTrace(forward=GraphTrace(events=(a("s1", 32), a("loss", 4))),
+                    backward=GraphTrace(inputs=(a("s1", 32), a("t1", 4)), tangent_keys=frozenset({"t1"}),
+                                        events=(a("gin", 64), a("g1", 16), f("s1", 32), f("t1", 4)))),
+    ]
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["fx_frees_tangents", "inductor_holds_tangents"])
+def test_a_region_receives_the_gradient_the_next_backward_returned(held: bool) -> None:
+    step = stitch_step(_chain(held))
+    events = step.events
+    assert step.optimizer_span is None and step.zero_grad_span is None
+    o0, s0, s1, loss, t1, gin, g1, g0 = 0, 1, 2, 3, 4, 5, 6, 7
+    assert [k for op, k, n in ops(events) if op == "alloc"] == [o0, s0, s1, loss, t1, gin, g1, g0]
+    assert ("alloc", 8, 64) not in ops(events)  # region 0's tangent is `gin`, not a new block
+    order = ops(events)
+    i_free_o0 = order.index(("free", o0, 64))
+    assert order.index(("free", s1, 32)) < i_free_o0 < order.index(("alloc", g0, 16))  # o0 dies when bw 0 starts
+    i_free_gin = order.index(("free", gin, 64))
+    if held:  # inductor: held through the backward, released after it
+        assert i_free_gin == order.index(("free", s0, 32)) + 1
+    else:  # FX: freed at its last use inside the backward
+        assert order.index(("free", s0, 32)) < i_free_gin < order.index(("free", loss, 4))
+    assert running(events)[-1] == 0 and len(events) == 16
+
+
+def test_saved_activation_matched_by_size_when_keys_differ() -> None:
+    # inductor's forward and backward wrappers number their buffers independently
+    fw = GraphTrace(events=(a(("fw", 1), 64), a(("fw", 2), 32), a(("fw", 3), 4)))
+    bw = GraphTrace(inputs=(a(("bw", 1), 32),), events=(a(("bw", 2), 16), f(("bw", 1), 32)))
+    events = stitch_step([RegionTrace(forward=fw, backward=bw)]).events
+    assert ops(events)[:5] == [("alloc", 0, 64), ("alloc", 1, 32), ("alloc", 2, 4), ("alloc", 3, 16), ("free", 1, 32)]
+
+
+def test_share_inputs_counts_views_of_one_storage_once_and_views_of_primals_never() -> None:
+    # q, k, v: three views of one 30-byte qkv storage; x: a view of a primal; y: an intermediate
+    events = [a(1, 10), a(2, 10), a(3, 10), a(4, 8), a("y", 5), f(1, 10), f(4, 8), f(2, 10), f("y", 5), f(3, 10)]
+    out, marks, timeline = share_inputs(events, [4, 5, 10], {1: "qkv", 2: "qkv", 3: "qkv", 4: None}, {"qkv": 30})
+    assert [(e.op, e.key, e.nbytes) for e in out] == [("alloc", 1, 30), ("alloc", "y", 5), ("free", "y", 5),
+                                                     ("free", 1, 30)]
+    assert marks == [1, 2, 4] and timeline == [30, 35, 0]
+
+
+def test_simulate_counts_whole_blocks_and_skips_other_devices() -> None:
+    # 11.5 MiB gets a 12 MiB segment (>= 10 MiB: rounded to 2 MiB); the 0.5 MiB rest is too small to
+    # split off a large block, so the whole 12 MiB block is allocated
+    n = 11 * MiB + MiB // 2
+    step = StepAllocations(baseline=((1000, "cpu"),), events=(a("k", n, "cuda"), f("k", n, "cuda"),
+                                                              a("c", 7, "cpu"), f("c", 7, "cpu")))
+    sim = simulate_cuda_allocator(step)
+    assert (sim.allocated_peak_bytes, sim.requested_peak_bytes, sim.reserved_peak_bytes) == (12 * MiB, n, 12 * MiB)
+    assert sim.baseline_allocated_bytes == 0 and sim.allocated_max_bytes == 12 * MiB and sim.device == "cuda"
+    cpu = simulate_cuda_allocator(step, device="cpu")
+    assert cpu.baseline_allocated_bytes == 1024 and cpu.allocated_peak_bytes == 512  # 512-byte rounding
+
+
+def test_simulate_creates_new_optimizer_state_inside_the_first_step() -> None:
+    # A 6 MiB activation A at [0, 6) and a 2 MiB gradient G at [6, 8) MiB of one 20 MiB segment.
+    # State created at the first optimizer step (A freed, G live) goes, by best fit, into the 12 MiB
+    # free block at [8, 20): nothing more is reserved. State allocated before the first step (as if
+    # it existed) gets its own 10 MiB segment, and A then needs a 20 MiB one: 30 MiB reserved.
+    ev = (a("A", 6 * MiB, "cuda"), a("G", 2 * MiB, "cuda"), f("A", 6 * MiB, "cuda"),
+          a("T", 4 * MiB, "cuda"), f("T", 4 * MiB, "cuda"), f("G", 2 * MiB, "cuda"))
+    state = ((10 * MiB, "cuda"),)
+    created = simulate_cuda_allocator(StepAllocations(baseline=(), events=ev, optimizer_span=(3, 5), new_state=state))
+    existing = simulate_cuda_allocator(StepAllocations(baseline=state, events=ev, optimizer_span=(3, 5)))
+    assert created.reserved_peak_bytes == 20 * MiB and existing.reserved_peak_bytes == 30 * MiB
+    assert created.allocated_peak_bytes == existing.allocated_peak_bytes == 8 * MiB
+    assert created.baseline_allocated_bytes == existing.baseline_allocated_bytes == 10 * MiB
+    assert created.warmup_steps >= 2
+
+
+def test_simulate_bad_argument() -> None:
+    with pytest.raises(ValueError, match=r"`simulate_cuda_allocator\(max_warmup_steps=0\)` must be >= 1"):
+        simulate_cuda_allocator(StepAllocations(baseline=(), events=()), max_warmup_steps=0)
+
+
+def test_lightning_order_frees_the_previous_gradients_before_the_backward() -> None:
+    dev = "cuda"
+    fw = GraphTrace(events=(a("x", 100, dev), a("s", 200, dev), a("loss", 4, dev), f("x", 100, dev)))
+    bw = GraphTrace(inputs=(a("s", 200, dev), a("t", 4, dev)), tangent_keys=frozenset({"t"}),
+                    events=(a("g", 300, dev), f("s", 200, dev), f("t", 4, dev)))
+    step = stitch_step([RegionTrace(forward=fw, backward=bw)], [a("tmp", 50, dev), f("tmp", 50, dev)])
+    lit = lightning_order(step)
+    assert ops(lit.events) == [
+        ("alloc", 0, 100), ("alloc", 1, 200), ("alloc", 2, 4), ("free", 0, 100),
+        ("free", 4, 300),  # zero_grad: the previous step's gradient, before the backward
+        ("alloc", 3, 4), ("alloc", 4, 300), ("free", 1, 200), ("free", 3, 4),
+        ("alloc", 5, 50), ("free", 5, 50),
+        ("free", 2, 4),  # the new gradient stays live
+    ]
+    assert (lit.backward_start, lit.zero_grad_span, lit.optimizer_span) == (5, (4, 5), (9, 11))
+    assert lightning_order(stitch_step([RegionTrace(forward=fw, backward=bw)])).events == \
+        stitch_step([RegionTrace(forward=fw, backward=bw)]).events  # no optimizer: nothing to move
+    sim = simulate_cuda_allocator(lit)
+    # every block rounds to 512 bytes; the gradient's block is live when the measured step starts
+    assert sim.baseline_allocated_bytes == 512
+    assert (sim.requested_peak_bytes, sim.allocated_peak_bytes) == (304, 3 * 512)
