@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning_memplan import MemPlanCallback
 from lightning_memplan.callback import MemPlanWarning
 from lightning_memplan.plan import MemPlan
+from lightning_memplan.search import DEFAULT_REMAT_BUDGETS
 
 from .models import TinyNet
 
@@ -82,7 +83,7 @@ def test_auto_searches_plans_and_draws_the_frontier(tmp_path: Path) -> None:
     knapsack = [c for c in plan.candidates if not c.solver]
     assert 4 <= len(knapsack) <= 6
     assert {c.checkpoint for c in knapsack} == {(), ("blocks.1",), ("blocks.0", "blocks.1", "blocks.2")}
-    assert [(c.budget, c.solver) for c in plan.candidates[len(knapsack):]] == [(0.55, "remat"), (0.4, "remat"), (0.25, "remat")]
+    assert [(c.budget, c.solver) for c in plan.candidates[len(knapsack):]] == [(b, "remat") for b in DEFAULT_REMAT_BUDGETS]
     assert plan.candidates[plan.chosen].budget == plan.budget
     assert all(c.peak_bytes and c.peak_bytes > 0 for c in plan.candidates)
     assert (Path(logger.log_dir) / "memplan" / "frontier.png").stat().st_size > 10_000

@@ -35,3 +35,15 @@ def test_smoke_run_prints_every_section_and_the_summary() -> None:
     assert "full block ckpt" in out and "remat 0.4" in out and "auto (" in out
     assert "failed:" not in out, out[-3000:]
     assert "1/1 rows" in out  # the forecast row ran and produced an error figure
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run for minutes")
+def test_device_script_runs_its_steps_and_writes_its_logs(tmp_path: Path) -> None:
+    script = SCRIPT.parent / "device_check.sh"
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONWARNINGS="ignore", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=SCRIPT.parents[1])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tests = (tmp_path / "pytest_cuda.txt").read_text()
+    assert " skipped" in tests and "error" not in tests.lower(), tests  # every CUDA test found, none runs here
+    assert "no CUDA device" in (tmp_path / "gpu_check.txt").read_text()
