@@ -13,7 +13,8 @@ blocks as ``max_memory_allocated`` counts them), each row starts from an empty c
 (``torch.cuda.empty_cache``), and more columns compare the parts: ``requested`` is the measured peak
 in the bytes the program asked for (``PeakWindow.requested_peak_bytes``) against our requested
 forecast (``Forecast.requested_peak_bytes``); ``reserved`` is ``memory_reserved`` after the
-measured step against the model's segments; ``trace`` replays one more step under
+measured step against the model's segments; ``stream`` says whether the allocation stream the
+model replays peaks where the forecast's timeline does; ``trace`` replays one more step under
 ``torch.cuda.memory._record_memory_history`` and compares its allocations with our stream (count,
 and the share of our sizes found among the real ones). On CPU the prediction is the requested peak.
 Peers, each against the same measurement:
@@ -156,6 +157,9 @@ def run_row(model_name: str, backend: str, budget: float, device: str, trace: bo
         "predicted MiB": _mib(fc.peak_bytes), "measured MiB": _mib(meas), "error": _err(fc.peak_bytes, meas),
         "requested MiB": _mib(requested), "requested forecast MiB": _mib(fc.requested_peak_bytes),
         "error vs requested": _err(fc.requested_peak_bytes, requested),
+        # the allocation stream the allocator model replays peaks where the timeline does
+        "stream": "= timeline" if fc.allocations is not None
+        and fc.allocations.requested_peak_bytes == fc.requested_peak_bytes else "differs",
         **cuda,
         "torch FX MiB": _mib(fc.torch_fx_estimate_bytes), "torch FX err": _err(fc.torch_fx_estimate_bytes, meas),
         "solver MiB": _mib(fc.solver_estimate_bytes), "solver err": _err(fc.solver_estimate_bytes, meas),
@@ -190,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(errs)
     print(f"\nrows: {len(rows)}; max |error| {worst:.2%} (target 5%, goal 3%); "
           f"rows within 3%: {sum(e <= 0.03 for e in errs)}/{len(rows)}; "
-          f"not ok: {[r['model'] for r in rows if r['_status'] != 'ok']}")
+          f"not ok: {[r['model'] for r in rows if r['_status'] != 'ok']}; "
+          f"allocation stream = timeline: {sum(r['stream'] == '= timeline' for r in rows)}/{len(rows)}")
     return 0 if worst <= 0.05 else 1
 
 

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n[1/3] forecast vs measured ({cfg['backend']})", flush=True)
     frows, f_s = _timed(lambda: forecast_section(cfg, deadline, args.row_seconds, reserve))
     cols = ["model", "budget", "partitioner", "predicted MiB", "measured MiB", "error", "requested MiB",
-            "requested forecast MiB", "error vs requested", "reserved MiB", "reserved forecast MiB",
+            "requested forecast MiB", "error vs requested", "stream", "reserved MiB", "reserved forecast MiB",
             "trace real/ours, sizes found", "compile s"]
     print(tabulate([[r.get(c, "") for c in cols] for r in frows], headers=cols, tablefmt="github"), flush=True)
 

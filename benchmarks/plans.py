@@ -15,12 +15,15 @@ rematerialization (solver ``"remat"``) at the search's remat budgets; and ``auto
 them). Columns ``saving`` and ``slowdown`` are relative to budget 1.0; ``% of full
 ckpt`` divides them by full checkpointing's. The issue's target for ``auto``: >= 70% of full
 checkpointing's saving at <= 40% of its slowdown. Also printed: the time the ``auto`` decision
-took against one compile of the chosen plan (the first step of its row).
+took against one compile of the chosen plan (the first step of its row; that plan is compiled
+first, right after the decision, with a fresh inductor cache directory, as a first run would).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 import sys
@@ -100,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="timed rounds; each times one step of every plan (median)")
     a = p.parse_args(argv)
     warnings.filterwarnings("ignore")
+    # inductor's on-disk kernel cache would make "one compile" a cache hit on a second run: use a
+    # fresh one unless the caller chose one
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="memplan_plans_inductor_"))
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     model = GPT(vocab=a.vocab, dim=a.dim, heads=a.heads, layers=a.layers, seq=a.seq).to(dev)
@@ -128,12 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     plans += [(f"remat {b:g}", b, (), "remat") for b in DEFAULT_REMAT_BUDGETS]
     auto_label = (f"auto (remat {auto.budget:g})" if auto.solver == "remat"
                   else f"auto (budget {auto.budget:g}, {len(auto.checkpoint)} ckpt)")
-    plans.append((auto_label, auto.budget, auto.checkpoint, auto.solver))
-    compiled = []
+    # the chosen plan compiles first, as the callback compiles it right after deciding: with no
+    # kernel of the other plans in inductor's caches yet (its first step is "one compile")
+    compiled = [_compile(model, idx, tgt, auto_label, auto.budget, auto.checkpoint, a.backend, auto.solver)]
     for label, budget, ckpt, solver in plans:
         c = _compile(model, idx, tgt, label, budget, ckpt, a.backend, solver)
         compiled.append(c)
         print(f"  {label}: peak {format_bytes(c.peak)} (forecast {format_bytes(c.fc.peak_bytes or 0)})", flush=True)
+    compiled.append(compiled.pop(0))  # the auto row last in the table
+    c = compiled[-1]
+    print(f"  {auto_label}: peak {format_bytes(c.peak)} (forecast {format_bytes(c.fc.peak_bytes or 0)})", flush=True)
     _time_round_robin(model, compiled, a.steps, dev.type == "cuda")
     results = [(c.label, c.peak, statistics.median(c.times), c.first, c.fc.peak_bytes) for c in compiled]
 

@@ -12,10 +12,13 @@ This module keeps that order:
   order, backwards in reverse, then the optimizer), giving every storage one key: saved activations
   are the forward's own blocks, a region's incoming gradients are the ones the next region's backward
   returned, gradients die at ``zero_grad``.
+* :func:`share_inputs` makes a graph's inputs that are views of one storage one allocation.
+* :func:`lightning_order` moves ``zero_grad`` before the backward, as Lightning's automatic
+  optimization runs it.
 * :func:`simulate_cuda_allocator` replays the step through
-  :class:`~lightning_memplan.cuda_allocator.CachingAllocatorModel` after the step's baseline
-  (parameters, buffers, inputs, optimizer state) until the step repeats itself (steady state), and
-  reports the allocated and reserved peaks.
+  :class:`~lightning_memplan.cuda_allocator.CachingAllocatorModel` in the order a run allocates
+  (baseline, compiling run, first step, steps until they repeat) and reports the allocated and
+  reserved peaks of the next one.
 
 Pure functions on plain data; all sizes in bytes. Invariant checked by the tests: the running sum of a
 stitched step's events peaks at the forecast's ``requested`` peak (:attr:`StepAllocations.requested_peak_bytes`).
@@ -80,7 +83,8 @@ class StepAllocations:
     #: Sizes in bytes of the storages live before the step (parameters, buffers, inputs, optimizer
     #: state), in allocation order, with their device types.
     baseline: tuple[tuple[int, str], ...]
-    #: The step's events; every storage the step allocates is freed by its end.
+    #: The step's events; every storage the step allocates is freed by its end (after
+    #: :func:`lightning_order`, its new gradients stay live into the next step instead).
     events: tuple[AllocEvent, ...]
     #: ``events[start:stop]`` are the optimizer step's temporaries; ``None`` without an optimizer.
     optimizer_span: tuple[int, int] | None = None
@@ -106,8 +110,7 @@ class StepAllocations:
 class AllocatorForecast:
     """What the CUDA caching allocator reports for one steady-state step (bytes).
 
-    Invariants: ``requested_peak_bytes <= allocated_peak_bytes + (allocated at start - requested
-    at start)``; ``reserved_peak_bytes`` >= every allocated value.
+    Invariant: ``reserved_peak_bytes >= allocated_max_bytes >= baseline_allocated_bytes``.
     """
 
     #: ``max_memory_allocated`` during the step minus ``memory_allocated`` at its start (blocks).

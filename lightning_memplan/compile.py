@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -740,10 +741,12 @@ class MemplanBackend:
             events = [AllocEvent(op, sid, n, dev) for op, sid, n, dev in replay.events]  # type: ignore[arg-type]
             timeline, marks, freeable = list(replay.timeline), list(replay.marks), replay.freeable
             if is_backward and region.fw_graph is not None:
+                t0 = time.perf_counter()
                 try:
                     events, marks, timeline, freeable = _share_saved_inputs(replay, events, region.fw_graph)
                 except Exception as err:  # noqa: BLE001 - keep the replay as it was
                     region.errors.append(f"saved activations not matched to the forward: {type(err).__name__}: {err}")
+                region.capture_seconds += time.perf_counter() - t0
             est = ScheduleEstimate(peak_bytes=max(timeline), timeline=tuple(timeline),
                                    freeable_input_bytes=freeable, seconds=seconds,
                                    origins=tuple(replay.origins[1:]), events=tuple(events), marks=tuple(marks))
