@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from lightning_memplan.cuda_allocator import CachingAllocatorModel
+from lightning_memplan.measure import running_peak
 
 __all__ = ["AllocEvent", "AllocatorForecast", "GraphTrace", "RegionTrace", "StepAllocations", "lightning_order",
            "share_inputs", "simulate_cuda_allocator", "stitch_step"]
@@ -99,11 +100,7 @@ class StepAllocations:
     @property
     def requested_peak_bytes(self) -> int:
         """Highest sum of the step's live storages (bytes above the baseline), every device."""
-        cur = peak = 0
-        for e in self.events:
-            cur += e.nbytes if e.op == "alloc" else -e.nbytes
-            peak = max(peak, cur)
-        return peak
+        return running_peak([e.nbytes if e.op == "alloc" else -e.nbytes for e in self.events])
 
 
 @dataclass(frozen=True, kw_only=True)
