@@ -454,8 +454,10 @@ def _replay_wrapper_lines(wrapper: Any) -> WrapperReplay:
     # inputs that are views of one storage (the q, k, v slices of one saved qkv buffer) are one
     # allocation, of the storage's size, freed with its last name: grouped by the FX placeholders'
     # FakeTensor storages
-    fakes = {n.target: n.meta.get("val") for n in graph.module.graph.find_nodes(op="placeholder")} \
-        if isinstance(getattr(graph, "module", None), torch.fx.GraphModule) else {}
+    try:
+        fakes = {n.target: n.meta.get("val") for n in graph.module.graph.nodes if n.op == "placeholder"}
+    except AttributeError:  # no FX module on this lowering: every input counts on its own
+        fakes = {}
     first_of: dict[int, str] = {}
     freeable = 0
     for name, inp in graph.graph_inputs.items():
