@@ -56,6 +56,21 @@ def check_torch_version() -> None:
         )
 
 
+# --------------------------------------------------------------------------- graph modules
+def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A ``GraphModule`` of ``graph`` whose Python code is generated only when first needed
+    (``torch.fx._lazy_graph_module._LazyGraphModule``, as dynamo makes them), else a plain one.
+
+    The partitioner builds and rewrites graph modules it never calls; generating each one's code
+    (``GraphModule.recompile``) was a tenth of a plan search's time.
+    """
+    try:
+        cls = require("torch.fx._lazy_graph_module", "_LazyGraphModule")
+    except RuntimeError:
+        cls = torch.fx.GraphModule
+    return cls(root, graph)
+
+
 # --------------------------------------------------------------------------- partitioner / solver
 def custom_knapsack_solver_base() -> type:
     """``torch._inductor.custom_graph_pass.CustomKnapsackSolver`` (2.11: plain ABC; 2.13: CustomPassBase)."""

@@ -298,7 +298,7 @@ def _snapshot(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
-    return fx.GraphModule(gm, graph)
+    return _compat.lazy_graph_module(gm, graph)
 
 
 def _cleared(r: RegionCapture) -> RegionCapture:
@@ -355,7 +355,7 @@ def _copy_joint(gm: fx.GraphModule) -> fx.GraphModule:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's pytree codegen deep copy (LeafSpec)
         graph = copy.deepcopy(gm.graph)
-    new = fx.GraphModule(gm, graph)
+    new = _compat.lazy_graph_module(gm, graph)
     new.meta = dict(getattr(gm, "meta", {}))
     return new
 

@@ -122,9 +122,15 @@ class RegionForecast:
     saved_bytes: int
     #: Gradients the backward returns.
     gradient_bytes: int
-    #: torch's FX-level estimate of this region (``torch._inductor.fx_passes.memory_estimator`` with
-    #: CPU counted), a peer; ``None`` when it could not run.
-    torch_fx_peak_bytes: int | None
+    #: The captured (forward, backward) graph modules the peer estimate reads.
+    _graphs: tuple[Any, Any] = field(default=(None, None), repr=False, compare=False)
+
+    @functools.cached_property
+    def torch_fx_peak_bytes(self) -> int | None:
+        """torch's FX-level estimate of this region in bytes (``torch._inductor.fx_passes.memory_estimator``
+        with CPU counted), a peer; ``None`` when it could not run. Computed on first access: a plan
+        search never reads it."""
+        return _torch_fx_peak(*self._graphs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,8 +162,6 @@ class Forecast:
     optimizer: OptimizerMemory | None
     #: The partitioner's own estimate: saved activation bytes (its ``_size_of``), inputs excluded.
     solver_estimate_bytes: int | None
-    #: torch's FX-level estimate (summed region peaks + gradients), a peer; ``None`` if unavailable.
-    torch_fx_estimate_bytes: int | None
     #: Wall seconds of the first (compiling) forward+backward.
     compile_seconds: float
     #: Seconds spent snapshotting graphs during compilation, plus computing this forecast.
@@ -174,6 +178,13 @@ class Forecast:
     def step(self) -> torch.Tensor:
         """Run one training step compiled with this plan; return the (detached) loss."""
         return self._step()
+
+    @functools.cached_property
+    def torch_fx_estimate_bytes(self) -> int | None:
+        """torch's FX-level estimate of the step in bytes (the regions' ``torch_fx_peak_bytes``
+        summed), a peer; ``None`` if unavailable for any region. Computed on first access."""
+        peers = [r.torch_fx_peak_bytes for r in self.regions]
+        return sum(p for p in peers if p is not None) if peers and all(p is not None for p in peers) else None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -229,11 +240,11 @@ def _region_memory(region: RegionCapture, every_op: bool) -> RegionMemory:
                           workspace=functools.partial(probe_workspace, every_op=every_op))
 
 
-def _torch_fx_peak(region: RegionCapture) -> int | None:
+def _torch_fx_peak(fw_graph: Any, bw_graph: Any) -> int | None:
     try:
-        if region.fw_graph is None or region.bw_graph is None:
+        if fw_graph is None or bw_graph is None:
             return None
-        return _compat.torch_fx_peak_estimate(region.fw_graph.graph, region.bw_graph.graph)
+        return _compat.torch_fx_peak_estimate(fw_graph.graph, bw_graph.graph)
     except Exception:  # noqa: BLE001 - a peer; absent when torch's estimator fails
         return None
 
@@ -581,7 +592,8 @@ def _assemble(
         regions.append(RegionForecast(
             index=region.index, graph_id=region.graph_id, decision=region.decision, knapsack=region.knapsack,
             method=plan.method, fw_peak_bytes=max(plan.fw_timeline), bw_peak_bytes=plan.bw_peak,
-            saved_bytes=plan.saved, gradient_bytes=plan.gradients, torch_fx_peak_bytes=_torch_fx_peak(region),
+            saved_bytes=plan.saved, gradient_bytes=plan.gradients,
+            _graphs=(region.fw_graph, region.bw_graph),
         ))
     if not be_regions:
         problems.append("nothing was compiled: dynamo captured no region (the model is not traceable, or "
@@ -616,16 +628,13 @@ def _assemble(
     decisions = [r.decision for r in regions]
     solver_est = (sum(d.saved_bytes - max(d.min_act_bytes, 0) for d in decisions if d is not None)
                   if decisions and all(d is not None for d in decisions) else None)
-    fx_peers = [r.torch_fx_peak_bytes for r in regions]
-    torch_fx = (sum(p for p in fx_peers if p is not None) if fx_peers and all(p is not None for p in fx_peers)
-                else None)
     overhead = sum(r.capture_seconds for r in be_regions) + (time.perf_counter() - t1) + extra_seconds
     return Forecast(
         peak_bytes=peak, requested_peak_bytes=requested, allocations=allocations, cuda_allocator=allocator,
         baseline_bytes=baseline_bytes, breakdown=breakdown, regions=tuple(regions),
         timeline=tuple(timeline), budget=budget, solver=solver_name, backend=inner, status=status,
         problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
-        torch_fx_estimate_bytes=torch_fx, compile_seconds=compile_seconds, overhead_seconds=overhead,
+        compile_seconds=compile_seconds, overhead_seconds=overhead,
         _step=step, _backend=be,
     )
 
