@@ -219,3 +219,18 @@ def test_training_step_without_self_call_warns_and_trains(tmp_path: Path) -> Non
     with pytest.warns(MemPlanWarning, match=r"training_step did not call `self\(...\)`"):
         _trainer(tmp_path, cb, epochs=1).fit(_SubmoduleOnly())
     assert cb.plan is None and "never called" in cb.fallback_reason
+
+
+@pytest.mark.parametrize(("precision", "param_bytes"), [("bf16-mixed", 4), ("bf16-true", 2)])
+def test_lightning_precision_plugins_are_forecast_as_they_train(tmp_path: Path, precision: str,
+                                                                param_bytes: int) -> None:
+    # the plan is decided inside training_step, so in the precision plugin's context: autocast's casts
+    # (bf16-mixed) and bf16 parameters (bf16-true) are in the compiled graphs the forecast reads
+    model = TinyNet()
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2)
+    trainer = _trainer(tmp_path, cb, epochs=1, precision=precision)
+    trainer.fit(model)
+    assert cb.fallback_reason is None
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert float(row["memplan/parameters_bytes"]) == param_bytes * sum(p.numel() for p in model.parameters())
+    assert abs(float(row["memplan/prediction_error"])) < 0.01
