@@ -34,8 +34,8 @@ from typing import Literal, NamedTuple
 from lightning_memplan.cuda_allocator import CachingAllocatorModel
 from lightning_memplan.measure import running_peak
 
-__all__ = ["AllocEvent", "AllocatorForecast", "GraphTrace", "RegionTrace", "StepAllocations", "lightning_order",
-           "share_inputs", "simulate_cuda_allocator", "stitch_step"]
+__all__ = ["AllocEvent", "AllocatorForecast", "GraphTrace", "RegionTrace", "StepAllocations", "accumulation_order",
+           "lightning_order", "share_inputs", "simulate_cuda_allocator", "stitch_step"]
 
 
 class AllocEvent(NamedTuple):
@@ -311,6 +311,27 @@ def lightning_order(step: StepAllocations) -> StepAllocations:
     return dataclasses.replace(
         step, events=events, backward_start=b + shift, zero_grad_span=(b, b + shift),
         optimizer_span=(span[0] + shift, span[1] + shift) if span is not None else None)
+
+
+def accumulation_order(step: StepAllocations) -> StepAllocations:
+    """``step`` as the last micro-batch of Lightning's gradient accumulation
+    (``accumulate_grad_batches`` > 1) runs it, the one of the N that peaks highest: no ``zero_grad``,
+    so the accumulated gradients (added to the baseline, one block per gradient) are live all along;
+    the backward creates new gradients on top of them, which are added in place and freed right after
+    it (``AccumulateGrad``), and the optimizer then steps. The earlier micro-batches peak no higher:
+    the same forward and backward, and no optimizer step.
+
+    Returns ``step`` unchanged when it has no optimizer or no ``zero_grad``.
+    """
+    if step.zero_grad_span is None or step.optimizer_span is None:
+        return step
+    (z0, z1), (o0, o1) = step.zero_grad_span, step.optimizer_span
+    ev = step.events
+    accumulated = tuple((e.nbytes, e.device) for e in ev[z0:z1])
+    events = (*ev[:o0], *ev[z0:z1], *ev[o0:z0], *ev[z1:])
+    shift = z1 - z0
+    return dataclasses.replace(step, baseline=(*step.baseline, *accumulated), events=events,
+                               optimizer_span=(o0 + shift, o1 + shift), zero_grad_span=(o0, o0 + shift))
 
 
 def _device_of(keys: Sequence[int], live: dict[int, AllocEvent]) -> str:

@@ -295,7 +295,13 @@ class MemPlanCallback(Callback):
         assert self._module is not None and self._example is not None and self._orig_forward is not None
         args, kwargs = self._example
         return decide_plan(self._settings, self._module, self._orig_forward, args, kwargs,
-                           self._optimizer(), call="MemPlanCallback")
+                           self._optimizer(), call="MemPlanCallback", accumulate_grad_batches=self._accumulate())
+
+    def _accumulate(self) -> int:
+        """The Trainer's ``accumulate_grad_batches`` (1 without a Trainer)."""
+        trainer = self._trainer
+        n = getattr(trainer, "accumulate_grad_batches", 1) if trainer is not None else 1
+        return n if isinstance(n, int) and n >= 1 else 1
 
     def _optimizer(self) -> torch.optim.Optimizer | None:
         trainer = self._trainer
@@ -317,7 +323,7 @@ class MemPlanCallback(Callback):
             fc = None
             try:
                 plan, fc = forecast_plan(self._settings, plan, module, self._orig_forward, args, kwargs,
-                                         self._optimizer())
+                                         self._optimizer(), accumulate_grad_batches=self._accumulate())
             except Exception as exc:  # noqa: BLE001 - no forecast: train with the plan anyway
                 warnings.warn(f"MemPlanCallback: the forecast of the chosen plan failed ({exc!r}); "
                               "training with the plan, without predictions.", MemPlanWarning, stacklevel=2)
@@ -521,9 +527,11 @@ class MemPlanCallback(Callback):
         fc, plan = self.forecast, self.plan
         if fc is None or not fc.timeline or plan is None:
             return
-        timeline = lightning_step_timeline(fc, plan.breakdown.get("gradients", 0))
+        n = self._accumulate()
+        timeline = lightning_step_timeline(fc, plan.breakdown.get("gradients", 0), n)
+        what = "one Lightning training step" if n == 1 else f"the optimizer's micro-batch (1 in {n})"
         fig = plot_timeline(timeline, predicted_peak=plan.predicted_peak_bytes, measured_peak=measured,
-                            title="Forecast memory timeline of one Lightning training step")
+                            title=f"Forecast memory timeline of {what}")
         self._emit_figure(fig, "timeline")
 
     def _emit_figure(self, fig: Any, name: str) -> None:

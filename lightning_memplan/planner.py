@@ -142,7 +142,7 @@ def grad_bytes(module: nn.Module) -> int:
     return total
 
 
-def lightning_step_peak(fc: Any, grads: int) -> int:
+def lightning_step_peak(fc: Any, grads: int, accumulate_grad_batches: int = 1) -> int:
     """The forecast peak of a Lightning training step, above the bytes live when it starts.
 
     ``forecast()`` models a step that starts without gradients. Lightning's automatic optimization
@@ -151,22 +151,38 @@ def lightning_step_peak(fc: Any, grads: int) -> int:
     to the starting bytes), and from the backward on they are gone while the new ones are created.
     So the forward part of the forecast timeline stands as it is, and the rest is ``grads`` lower.
 
+    With gradient accumulation (``accumulate_grad_batches`` N > 1) the highest of the N micro-batches
+    is the last: ``zero_grad`` runs only in the first, so the backward creates its gradients on top
+    of the accumulated ones (``AccumulateGrad`` adds them in place and frees them), and the optimizer
+    steps with only the accumulated ones live: the forward and backward stand as forecast, the
+    optimizer step is ``grads`` lower (:func:`lightning_step_timeline`).
+
     On CUDA (``fc.cuda_allocator`` set) the peak is the caching allocator's, in blocks as
     ``torch.cuda.max_memory_allocated`` counts them: the forecast's allocations in Lightning's order
-    (:func:`~lightning_memplan.allocations.lightning_order`) replayed through its model.
+    (:func:`~lightning_memplan.allocations.lightning_order`, or
+    :func:`~lightning_memplan.allocations.accumulation_order`) replayed through its model.
     """
+    n = _check_accumulate(accumulate_grad_batches)
     if fc.cuda_allocator is not None and fc.allocations is not None:
-        from .allocations import lightning_order, simulate_cuda_allocator
+        from .allocations import accumulation_order, lightning_order, simulate_cuda_allocator
 
-        return simulate_cuda_allocator(lightning_order(fc.allocations),
-                                       device=fc.cuda_allocator.device).allocated_peak_bytes
-    return max([0, *(b for _, b in lightning_step_timeline(fc, grads))])
+        order = lightning_order if n == 1 else accumulation_order
+        return simulate_cuda_allocator(order(fc.allocations), device=fc.cuda_allocator.device).allocated_peak_bytes
+    return max([0, *(b for _, b in lightning_step_timeline(fc, grads, n))])
 
 
-def lightning_step_timeline(fc: Any, grads: int) -> list[tuple[str, int]]:
+def lightning_step_timeline(fc: Any, grads: int, accumulate_grad_batches: int = 1) -> list[tuple[str, int]]:
     """``(phase, bytes above the step's start)`` of a Lightning training step, for every step of the
-    forecast schedule (see :func:`lightning_step_peak`)."""
-    return [(s.phase, s.bytes if s.phase == "forward" else s.bytes - grads) for s in fc.timeline]
+    forecast schedule (see :func:`lightning_step_peak`); with ``accumulate_grad_batches`` > 1, of the
+    micro-batch that steps the optimizer."""
+    shifted = ("optimizer",) if _check_accumulate(accumulate_grad_batches) > 1 else ("backward", "optimizer")
+    return [(s.phase, s.bytes - grads if s.phase in shifted else s.bytes) for s in fc.timeline]
+
+
+def _check_accumulate(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"`accumulate_grad_batches={n!r}` must be an int >= 1 (Lightning's Trainer argument).")
+    return n
 
 
 def decide_plan(
@@ -178,9 +194,12 @@ def decide_plan(
     optimizer: torch.optim.Optimizer | None,
     *,
     call: str,
+    accumulate_grad_batches: int = 1,
 ) -> MemPlan:
     """A fixed-budget plan, or the search's choice (knee, or cheapest within ``max_memory``).
 
+    Candidates are judged by the peak of a Lightning training step (:func:`lightning_step_peak`,
+    with the Trainer's ``accumulate_grad_batches``) above a baseline that holds the gradients.
     When nothing fits ``max_memory``, warns (:class:`PlanWarning`) and returns the plan with the
     smallest forecast.
     """
@@ -189,12 +208,18 @@ def decide_plan(
                        backend=settings.backend, reason="budget given")
     sets = checkpoint_candidates(resolve_blocks(module, settings.checkpoint))
     target = BoundForward(module, forward, kwargs)
+    grads, n = grad_bytes(module), _check_accumulate(accumulate_grad_batches)
+
+    def lightning_step(fc: Any) -> tuple[int, int | None]:
+        peak = None if fc.peak_bytes is None else lightning_step_peak(fc, grads, n)
+        return fc.baseline_bytes + grads, peak
+
     try:
         plan = search(target, tuple(args), budgets=settings.candidate_budgets,
                       checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
                       solver=settings.solver, backend=settings.search_backend, optimizer=optimizer,
                       loss_fn=sum_outputs, max_memory=settings.max_memory,
-                      remat_budgets=settings.remat_budgets).plan
+                      remat_budgets=settings.remat_budgets, step_memory=lightning_step).plan
     except PlanDoesNotFit as exc:
         warnings.warn(f"{call}: {exc} Training with the smallest plan.", PlanWarning, stacklevel=2)
         plan = exc.plan
@@ -213,10 +238,13 @@ def forecast_plan(
     args: Sequence[Any],
     kwargs: dict[str, Any],
     optimizer: torch.optim.Optimizer | None,
+    *,
+    accumulate_grad_batches: int = 1,
 ) -> tuple[MemPlan, Any]:
     """Forecast ``plan`` on ``settings.backend`` (the plan's blocks must already be wrapped) and
-    return the plan with its Lightning-step prediction, breakdown and partitioner notes filled in,
-    and the :class:`~lightning_memplan.forecasting.Forecast`. Raises what the forecast raises."""
+    return the plan with its Lightning-step prediction (:func:`lightning_step_peak`, with the
+    Trainer's ``accumulate_grad_batches``), breakdown and partitioner notes filled in, and the
+    :class:`~lightning_memplan.forecasting.Forecast`. Raises what the forecast raises."""
     from .forecasting import forecast
 
     fc = forecast(BoundForward(module, forward, kwargs), tuple(args), budget=plan.budget,
@@ -235,7 +263,7 @@ def forecast_plan(
         f"region {r.index}: " + ("solver called" if r.decision and r.decision.solver_called
                                  else f"solver not called ({r.decision.reason if r.decision else 'unknown'})")
         for r in fc.regions)
-    plan = dataclasses.replace(plan, predicted_peak_bytes=lightning_step_peak(fc, grads),
+    plan = dataclasses.replace(plan, predicted_peak_bytes=lightning_step_peak(fc, grads, accumulate_grad_batches),
                                baseline_bytes=fc.baseline_bytes + grads, breakdown=breakdown,
                                notes=notes)
     return plan, fc

@@ -85,6 +85,12 @@ def forecast_flops(fc: Any) -> float:
     return float(total) if seen else math.nan
 
 
+def _forecast_memory(fc: Any) -> tuple[int, int | None]:
+    """``forecast()``'s own step: (baseline bytes, predicted peak above it; ``None`` when the
+    forecast failed)."""
+    return fc.baseline_bytes, fc.peak_bytes
+
+
 def _note(fc: Any) -> str:
     parts = []
     for r in fc.regions:
@@ -108,6 +114,7 @@ def search(
     max_memory: int | None = None,
     on_candidate: Callable[[Candidate], None] | None = None,
     remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
+    step_memory: Callable[[Any], tuple[int, int | None]] | None = None,
 ) -> SearchResult:
     """Forecast every (checkpoint set, budget) plan and choose one (see the module docstring).
 
@@ -116,6 +123,9 @@ def search(
     ``remat_budgets`` adds whole-graph rematerialization plans (solver ``"remat"``) to the
     candidates, forecast from the same trace on ``"aot_eager"`` (``()``: none). With
     ``solver="remat"`` the candidates are remat plans at ``budgets`` only.
+    ``step_memory(forecast) -> (baseline bytes, peak bytes above it)``: the memory a candidate is
+    judged by, for a training loop whose step differs from ``forecast()``'s (Lightning keeps the
+    previous gradients through the forward); default ``(forecast.baseline_bytes, forecast.peak_bytes)``.
 
     Raises:
         PlanDoesNotFit: ``max_memory`` given and no forecast fits it.
@@ -124,6 +134,7 @@ def search(
     from .forecasting import forecast, forecast_grid, forecast_sweep
 
     t0 = time.perf_counter()
+    judge = step_memory if step_memory is not None else _forecast_memory
     candidates: list[Candidate] = []
     baseline: int | None = None
     sets = [tuple(ck) for ck in checkpoint_sets]
@@ -162,9 +173,10 @@ def search(
                     if fc is None:
                         fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
                                       backend=backend, loss_fn=loss_fn, optimizer=optimizer)
-                    cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=fc.peak_bytes,
+                    base, peak = judge(fc)
+                    cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=peak,
                                      cost=forecast_flops(fc), note=_note(fc))
-                    baseline = fc.baseline_bytes if baseline is None else baseline
+                    baseline = base if baseline is None else baseline
                 except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
                     cand = Candidate(budget=b, checkpoint=tuple(ck), note=f"forecast failed: {exc!r}")
                 candidates.append(cand)
@@ -181,9 +193,9 @@ def search(
             if fc is None or fc.status != "ok":
                 fc = forecast(model, tuple(example_inputs), budget=b, solver="remat", backend=backend,
                               loss_fn=loss_fn, optimizer=optimizer)
-            cand = Candidate(budget=b, peak_bytes=fc.peak_bytes, cost=forecast_flops(fc), note=_note(fc),
-                             solver="remat")
-            baseline = fc.baseline_bytes if baseline is None else baseline
+            base, peak = judge(fc)
+            cand = Candidate(budget=b, peak_bytes=peak, cost=forecast_flops(fc), note=_note(fc), solver="remat")
+            baseline = base if baseline is None else baseline
         except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
             cand = Candidate(budget=b, note=f"forecast failed: {exc!r}", solver="remat")
         candidates.append(cand)

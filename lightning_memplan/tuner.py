@@ -89,6 +89,11 @@ def plan_memory(
     ``trainer.strategy.root_device`` with the model. Afterwards the model is back on its device and
     in its mode, with its parameters, gradients and buffers as they were.
 
+    The step is planned as ``fit`` runs it: inside the Trainer's precision plugin's step context
+    (autocast for ``"16-mixed"`` / ``"bf16-mixed"``) and with its ``accumulate_grad_batches``. The
+    ``"-true"`` precisions convert the module's parameters only when ``fit`` starts; for those the
+    plan is forecast in the module's current dtype (the callback forecasts it again in training).
+
     Raises:
         ValueError: a bad argument (before anything runs).
         RuntimeError: ``training_step`` does not call ``self(...)``, or no candidate could be forecast.
@@ -116,9 +121,14 @@ def plan_memory(
         args, kwargs = _forward_arguments(model, batch)
         optimizer = _first_optimizer(model.configure_optimizers())
         forward = model.forward
-        plan = decide_plan(settings, model, forward, args, kwargs, optimizer, call="plan_memory")
-        with checkpointed(model, plan.checkpoint):
-            plan, _ = forecast_plan(settings, plan, model, forward, args, kwargs, optimizer)
+        accumulate = trainer.accumulate_grad_batches
+        # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
+        with trainer.strategy.precision_plugin.train_step_context():
+            plan = decide_plan(settings, model, forward, args, kwargs, optimizer, call="plan_memory",
+                               accumulate_grad_batches=accumulate)
+            with checkpointed(model, plan.checkpoint):
+                plan, _ = forecast_plan(settings, plan, model, forward, args, kwargs, optimizer,
+                                        accumulate_grad_batches=accumulate)
     finally:
         model.to(home)
         model.train(was_training)

@@ -86,6 +86,8 @@ def test_auto_searches_plans_and_draws_the_frontier(tmp_path: Path) -> None:
     assert [(c.budget, c.solver) for c in plan.candidates[len(knapsack):]] == [(b, "remat") for b in DEFAULT_REMAT_BUDGETS]
     assert plan.candidates[plan.chosen].budget == plan.budget
     assert all(c.peak_bytes and c.peak_bytes > 0 for c in plan.candidates)
+    # candidates are judged by the Lightning step's peak, the quantity the plan predicts and measures
+    assert plan.candidates[plan.chosen].peak_bytes == plan.predicted_peak_bytes
     assert (Path(logger.log_dir) / "memplan" / "frontier.png").stat().st_size > 10_000
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -234,3 +236,16 @@ def test_lightning_precision_plugins_are_forecast_as_they_train(tmp_path: Path, 
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert float(row["memplan/parameters_bytes"]) == param_bytes * sum(p.numel() for p in model.parameters())
     assert abs(float(row["memplan/prediction_error"])) < 0.01
+
+
+def test_gradient_accumulation_is_forecast_at_the_micro_batch_that_steps(tmp_path: Path) -> None:
+    # accumulate_grad_batches=2: the second micro-batch steps AdamW with the accumulated gradients
+    # live; its peak (the optimizer's temporaries above them) is the one measured
+    model = TinyNet(width=64, batches=8)
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=4)
+    trainer = _trainer(tmp_path, cb, epochs=1, accumulate_grad_batches=2)
+    trainer.fit(model)
+    assert cb.fallback_reason is None
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01
+    assert float(row["memplan/measured_peak_bytes"]) > float(row["memplan/gradients_bytes"])

@@ -53,3 +53,20 @@ def test_plan_memory_validates_arguments() -> None:
     trainer = Trainer(accelerator="cpu", devices=1, logger=False)
     with pytest.raises(ValueError, match=r"`plan_memory\(budget=2\)` is not a valid activation memory budget"):
         plan_memory(trainer, TinyNet(), budget=2)
+
+
+def test_plan_memory_plans_the_step_fit_runs_mixed_precision_and_accumulation() -> None:
+    def trainer(**kw: object) -> Trainer:
+        return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
+                       enable_progress_bar=False, enable_model_summary=False, **kw)  # type: ignore[arg-type]
+
+    model = TinyNet(width=64, batches=8)
+    plain = plan_memory(trainer(), model, budget=0.5, backend="aot_eager")
+    fitted = plan_memory(trainer(precision="bf16-mixed", accumulate_grad_batches=2), model, budget=0.5,
+                         backend="aot_eager")
+    assert fitted.predicted_peak_bytes != plain.predicted_peak_bytes
+    # what the callback forecasts inside fit, in the precision plugin's context and with accumulation
+    cb = MemPlanCallback(plan=fitted, backend="aot_eager", measure_batches=4)
+    trainer(precision="bf16-mixed", accumulate_grad_batches=2, callbacks=[cb]).fit(model)
+    assert cb.fallback_reason is None
+    assert cb.plan.predicted_peak_bytes == fitted.predicted_peak_bytes

@@ -8,6 +8,7 @@ from lightning_memplan.allocations import (
     GraphTrace,
     RegionTrace,
     StepAllocations,
+    accumulation_order,
     lightning_order,
     share_inputs,
     simulate_cuda_allocator,
@@ -161,3 +162,27 @@ def test_lightning_order_frees_the_previous_gradients_before_the_backward() -> N
     # every block rounds to 512 bytes; the gradient's block is live when the measured step starts
     assert sim.baseline_allocated_bytes == 512
     assert (sim.requested_peak_bytes, sim.allocated_peak_bytes) == (304, 3 * 512)
+
+
+def test_accumulation_order_frees_the_new_gradients_after_the_backward_and_keeps_the_accumulated() -> None:
+    dev = "cuda"
+    fw = GraphTrace(events=(a("x", 100, dev), a("s", 200, dev), a("loss", 4, dev), f("x", 100, dev)))
+    bw = GraphTrace(inputs=(a("s", 200, dev), a("t", 4, dev)), tangent_keys=frozenset({"t"}),
+                    events=(a("g", 300, dev), f("s", 200, dev), f("t", 4, dev)))
+    step = stitch_step([RegionTrace(forward=fw, backward=bw)], [a("tmp", 50, dev), f("tmp", 50, dev)])
+    acc = accumulation_order(step)
+    assert acc.baseline == ((300, dev),)  # the accumulated gradient, live all along
+    assert ops(acc.events) == [
+        ("alloc", 0, 100), ("alloc", 1, 200), ("alloc", 2, 4), ("free", 0, 100),
+        ("alloc", 3, 4), ("alloc", 4, 300), ("free", 1, 200), ("free", 3, 4),
+        ("free", 4, 300),  # added into the accumulated gradient, then freed: before the optimizer
+        ("alloc", 5, 50), ("free", 5, 50),
+        ("free", 2, 4),
+    ]
+    assert (acc.zero_grad_span, acc.optimizer_span) == ((8, 9), (9, 11))
+    assert acc.requested_peak_bytes == step.requested_peak_bytes == 508  # the backward's peak stands
+    sim = simulate_cuda_allocator(acc)
+    assert sim.baseline_allocated_bytes == 512  # the accumulated gradient's block
+    assert (sim.requested_peak_bytes, sim.allocated_peak_bytes) == (508, 4 * 512)  # s, loss, t, g
+    assert accumulation_order(stitch_step([RegionTrace(forward=fw, backward=bw)])).events == \
+        stitch_step([RegionTrace(forward=fw, backward=bw)]).events  # no optimizer: nothing to move

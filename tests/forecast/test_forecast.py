@@ -11,7 +11,7 @@ import torch.nn as nn
 import lightning_memplan
 from lightning_memplan import Forecast, forecast, measure_peak
 from lightning_memplan import compile as mp_compile
-from lightning_memplan.allocations import lightning_order, simulate_cuda_allocator
+from lightning_memplan.allocations import accumulation_order, lightning_order, simulate_cuda_allocator
 from lightning_memplan.planner import lightning_step_timeline
 
 X = torch.randn(1024, 256)
@@ -45,6 +45,11 @@ def check_allocations(fc: Forecast) -> None:
         lit = lightning_order(steps)
         assert lit.requested_peak_bytes == max([0, *(b for _, b in lightning_step_timeline(fc, grads))])
         assert simulate_cuda_allocator(lit, device="cpu").requested_peak_bytes == lit.requested_peak_bytes
+        acc = accumulation_order(steps)  # accumulate_grad_batches > 1: the micro-batch that steps
+        assert acc.requested_peak_bytes == max([0, *(b for _, b in lightning_step_timeline(fc, grads, 2))])
+        assert simulate_cuda_allocator(acc, device="cpu").requested_peak_bytes == acc.requested_peak_bytes
+        with pytest.raises(ValueError, match=r"`accumulate_grad_batches=0` must be an int >= 1"):
+            lightning_step_timeline(fc, grads, 0)
 
 
 @pytest.fixture(scope="module")
