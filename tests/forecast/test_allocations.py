@@ -141,12 +141,17 @@ def test_simulate_bad_argument() -> None:
         simulate_cuda_allocator(StepAllocations(baseline=(), events=()), max_warmup_steps=0)
 
 
-def test_lightning_order_frees_the_previous_gradients_before_the_backward() -> None:
-    dev = "cuda"
+def _adam_like_step(dev: str) -> tuple[RegionTrace, StepAllocations]:
+    """One region (input x, saved s, loss; backward: gradient g) and an optimizer temporary."""
     fw = GraphTrace(events=(a("x", 100, dev), a("s", 200, dev), a("loss", 4, dev), f("x", 100, dev)))
     bw = GraphTrace(inputs=(a("s", 200, dev), a("t", 4, dev)), tangent_keys=frozenset({"t"}),
                     events=(a("g", 300, dev), f("s", 200, dev), f("t", 4, dev)))
-    step = stitch_step([RegionTrace(forward=fw, backward=bw)], [a("tmp", 50, dev), f("tmp", 50, dev)])
+    region = RegionTrace(forward=fw, backward=bw)
+    return region, stitch_step([region], [a("tmp", 50, dev), f("tmp", 50, dev)])
+
+
+def test_lightning_order_frees_the_previous_gradients_before_the_backward() -> None:
+    region, step = _adam_like_step("cuda")
     lit = lightning_order(step)
     assert ops(lit.events) == [
         ("alloc", 0, 100), ("alloc", 1, 200), ("alloc", 2, 4), ("free", 0, 100),
@@ -156,8 +161,7 @@ def test_lightning_order_frees_the_previous_gradients_before_the_backward() -> N
         ("free", 2, 4),  # the new gradient stays live
     ]
     assert (lit.backward_start, lit.zero_grad_span, lit.optimizer_span) == (5, (4, 5), (9, 11))
-    assert lightning_order(stitch_step([RegionTrace(forward=fw, backward=bw)])).events == \
-        stitch_step([RegionTrace(forward=fw, backward=bw)]).events  # no optimizer: nothing to move
+    assert lightning_order(stitch_step([region])).events == stitch_step([region]).events  # no optimizer: nothing to move
     sim = simulate_cuda_allocator(lit)
     # every block rounds to 512 bytes; the gradient's block is live when the measured step starts
     assert sim.baseline_allocated_bytes == 512
@@ -165,13 +169,9 @@ def test_lightning_order_frees_the_previous_gradients_before_the_backward() -> N
 
 
 def test_accumulation_order_frees_the_new_gradients_after_the_backward_and_keeps_the_accumulated() -> None:
-    dev = "cuda"
-    fw = GraphTrace(events=(a("x", 100, dev), a("s", 200, dev), a("loss", 4, dev), f("x", 100, dev)))
-    bw = GraphTrace(inputs=(a("s", 200, dev), a("t", 4, dev)), tangent_keys=frozenset({"t"}),
-                    events=(a("g", 300, dev), f("s", 200, dev), f("t", 4, dev)))
-    step = stitch_step([RegionTrace(forward=fw, backward=bw)], [a("tmp", 50, dev), f("tmp", 50, dev)])
+    region, step = _adam_like_step("cuda")
     acc = accumulation_order(step)
-    assert acc.baseline == ((300, dev),)  # the accumulated gradient, live all along
+    assert acc.baseline == ((300, "cuda"),)  # the accumulated gradient, live all along
     assert ops(acc.events) == [
         ("alloc", 0, 100), ("alloc", 1, 200), ("alloc", 2, 4), ("free", 0, 100),
         ("alloc", 3, 4), ("alloc", 4, 300), ("free", 1, 200), ("free", 3, 4),
@@ -184,5 +184,4 @@ def test_accumulation_order_frees_the_new_gradients_after_the_backward_and_keeps
     sim = simulate_cuda_allocator(acc)
     assert sim.baseline_allocated_bytes == 512  # the accumulated gradient's block
     assert (sim.requested_peak_bytes, sim.allocated_peak_bytes) == (508, 4 * 512)  # s, loss, t, g
-    assert accumulation_order(stitch_step([RegionTrace(forward=fw, backward=bw)])).events == \
-        stitch_step([RegionTrace(forward=fw, backward=bw)]).events  # no optimizer: nothing to move
+    assert accumulation_order(stitch_step([region])).events == stitch_step([region]).events  # no optimizer: nothing to move
