@@ -28,7 +28,16 @@ from typing_extensions import override
 
 from .checkpointing import CheckpointPolicy, checkpointed
 from .plan import Candidate, MemPlan
-from .planner import PlanSettings, PlanWarning, decide_plan, forecast_plan, lightning_step_timeline, plan_solver
+from .planner import (
+    PlanSettings,
+    PlanWarning,
+    TrainingLoop,
+    decide_plan,
+    forecast_plan,
+    lightning_step_timeline,
+    live_grad_bytes,
+    plan_solver,
+)
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from .strategy import decide_on_rank_zero, max_over_ranks
 from .units import format_bytes
@@ -101,9 +110,12 @@ class MemPlanCallback(Callback):
 
     - ``memplan/predicted_peak_bytes``: forecast peak of one training step above the bytes live
       when it starts (Lightning keeps the previous gradients until ``zero_grad`` inside the step,
-      so they count as live at the start and are freed before backward)
+      so they count as live at the start and are freed before backward; with
+      ``accumulate_grad_batches`` > 1, the micro-batch that steps the optimizer; with manual
+      optimization, above the bytes live without gradients)
     - ``memplan/measured_peak_bytes``: measured peak of the measured batches (max over them and
-      over ranks), above the bytes live when each batch started
+      over ranks), above the bytes live when each batch started (manual optimization: plus the
+      gradients live then)
     - ``memplan/prediction_error``: (predicted - measured) / measured, signed
     - ``memplan/budget``: the activation memory budget in force
     - ``memplan/checkpointed_blocks``: number of blocks wrapped in activation checkpointing
@@ -187,6 +199,7 @@ class MemPlanCallback(Callback):
         self._stack = contextlib.ExitStack()
         self._example: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._window: Any = None
+        self._window_grads = 0  # bytes of gradients live when the window opened (manual optimization)
         self._window_streak = 0
         self._warmup_window = False
         self._epoch_peaks: list[int] = []
@@ -295,13 +308,11 @@ class MemPlanCallback(Callback):
         assert self._module is not None and self._example is not None and self._orig_forward is not None
         args, kwargs = self._example
         return decide_plan(self._settings, self._module, self._orig_forward, args, kwargs,
-                           self._optimizer(), call="MemPlanCallback", accumulate_grad_batches=self._accumulate())
+                           self._optimizer(), call="MemPlanCallback", loop=self._loop())
 
-    def _accumulate(self) -> int:
-        """The Trainer's ``accumulate_grad_batches`` (1 without a Trainer)."""
-        trainer = self._trainer
-        n = getattr(trainer, "accumulate_grad_batches", 1) if trainer is not None else 1
-        return n if isinstance(n, int) and n >= 1 else 1
+    def _loop(self) -> TrainingLoop:
+        """How the Trainer runs this module's training step (accumulation, manual optimization)."""
+        return TrainingLoop.of(self._trainer, self._module)
 
     def _optimizer(self) -> torch.optim.Optimizer | None:
         trainer = self._trainer
@@ -323,7 +334,7 @@ class MemPlanCallback(Callback):
             fc = None
             try:
                 plan, fc = forecast_plan(self._settings, plan, module, self._orig_forward, args, kwargs,
-                                         self._optimizer(), accumulate_grad_batches=self._accumulate())
+                                         self._optimizer(), loop=self._loop())
             except Exception as exc:  # noqa: BLE001 - no forecast: train with the plan anyway
                 warnings.warn(f"MemPlanCallback: the forecast of the chosen plan failed ({exc!r}); "
                               "training with the plan, without predictions.", MemPlanWarning, stacklevel=2)
@@ -369,6 +380,11 @@ class MemPlanCallback(Callback):
         # gradients (freed by zero_grad inside this step) are known only if that step was profiled
         # too. So the first window of each run of consecutive windows is a warm-up, not a result.
         self._warmup_window = self._window_streak == 0 and self._device().type == "cpu"
+        # manual optimization: the prediction is above a baseline without gradients (see
+        # lightning_step_peak); gradients live at the start count as part of the measured peak
+        module = self._module
+        manual = module is not None and not self._loop().automatic_optimization
+        self._window_grads = live_grad_bytes(module) if manual and module is not None else 0
         self._window = PeakWindow(self._device())
         self._window.__enter__()
 
@@ -396,7 +412,7 @@ class MemPlanCallback(Callback):
         if w is None:
             return None
         w.__exit__(None, None, None)
-        return int(w.peak_bytes)
+        return int(w.peak_bytes) + self._window_grads
 
     def _maybe_replan(self, measured: int) -> None:
         plan = self.plan
@@ -527,8 +543,9 @@ class MemPlanCallback(Callback):
         fc, plan = self.forecast, self.plan
         if fc is None or not fc.timeline or plan is None:
             return
-        n = self._accumulate()
-        timeline = lightning_step_timeline(fc, plan.breakdown.get("gradients", 0), n)
+        loop = self._loop()
+        timeline = lightning_step_timeline(fc, plan.breakdown.get("gradients", 0), loop)
+        n = loop.accumulate_grad_batches
         what = "one Lightning training step" if n == 1 else f"the optimizer's micro-batch (1 in {n})"
         fig = plot_timeline(timeline, predicted_peak=plan.predicted_peak_bytes, measured_peak=measured,
                             title=f"Forecast memory timeline of {what}")

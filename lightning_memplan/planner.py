@@ -22,8 +22,8 @@ from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, PlanDoesNotFit, sear
 from .units import parse_bytes
 
 __all__ = [
-    "PlanSettings", "PlanWarning", "decide_plan", "forecast_plan", "lightning_step_peak",
-    "lightning_step_timeline",
+    "PlanSettings", "PlanWarning", "TrainingLoop", "decide_plan", "forecast_plan", "lightning_step_memory",
+    "lightning_step_peak", "lightning_step_timeline",
 ]
 
 
@@ -142,8 +142,46 @@ def grad_bytes(module: nn.Module) -> int:
     return total
 
 
-def lightning_step_peak(fc: Any, grads: int, accumulate_grad_batches: int = 1) -> int:
-    """The forecast peak of a Lightning training step, above the bytes live when it starts.
+@dataclass(frozen=True)
+class TrainingLoop:
+    """How Lightning runs the training step around the compiled forward: what decides which
+    gradients are live when (see :func:`lightning_step_peak`)."""
+
+    accumulate_grad_batches: int = 1
+    """The Trainer's argument: micro-batches per optimizer step (>= 1)."""
+    automatic_optimization: bool = True
+    """The LightningModule's flag; ``False``: ``training_step`` calls ``zero_grad``, ``manual_backward``
+    and ``step`` itself, in an order the plan cannot see."""
+
+    def __post_init__(self) -> None:
+        n = self.accumulate_grad_batches
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"`accumulate_grad_batches={n!r}` must be an int >= 1 (Lightning's Trainer argument).")
+
+    @classmethod
+    def of(cls, trainer: Any, module: Any) -> TrainingLoop:
+        """The loop ``trainer`` runs for ``module`` (defaults for what either lacks)."""
+        n = getattr(trainer, "accumulate_grad_batches", 1)
+        return cls(accumulate_grad_batches=n if isinstance(n, int) and n >= 1 else 1,
+                   automatic_optimization=bool(getattr(module, "automatic_optimization", True)))
+
+
+def live_grad_bytes(module: nn.Module) -> int:
+    """Bytes of the gradients ``module``'s parameters hold right now (unique storages)."""
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        g = p.grad
+        if g is not None:
+            st = g.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+    return total
+
+
+def lightning_step_peak(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop()) -> int:
+    """The forecast peak of a Lightning training step, above its baseline (:func:`lightning_step_memory`).
 
     ``forecast()`` models a step that starts without gradients. Lightning's automatic optimization
     keeps the previous step's gradients until ``zero_grad`` (``set_to_none``), which it calls after
@@ -157,32 +195,45 @@ def lightning_step_peak(fc: Any, grads: int, accumulate_grad_batches: int = 1) -
     steps with only the accumulated ones live: the forward and backward stand as forecast, the
     optimizer step is ``grads`` lower (:func:`lightning_step_timeline`).
 
+    With manual optimization the step is ``forecast()``'s own, above a baseline without gradients:
+    ``zero_grad`` either ends the step (the next starts without gradients) or opens it, before the
+    forward (the gradients live at the start are freed before anything else is allocated); either
+    way the bytes above the gradient-free baseline are the forecast's.
+
     On CUDA (``fc.cuda_allocator`` set) the peak is the caching allocator's, in blocks as
     ``torch.cuda.max_memory_allocated`` counts them: the forecast's allocations in Lightning's order
     (:func:`~lightning_memplan.allocations.lightning_order`, or
     :func:`~lightning_memplan.allocations.accumulation_order`) replayed through its model.
     """
-    n = _check_accumulate(accumulate_grad_batches)
+    if not loop.automatic_optimization:
+        return int(fc.peak_bytes)
     if fc.cuda_allocator is not None and fc.allocations is not None:
         from .allocations import accumulation_order, lightning_order, simulate_cuda_allocator
 
-        order = lightning_order if n == 1 else accumulation_order
+        order = lightning_order if loop.accumulate_grad_batches == 1 else accumulation_order
         return simulate_cuda_allocator(order(fc.allocations), device=fc.cuda_allocator.device).allocated_peak_bytes
-    return max([0, *(b for _, b in lightning_step_timeline(fc, grads, n))])
+    return max([0, *(b for _, b in lightning_step_timeline(fc, grads, loop))])
 
 
-def lightning_step_timeline(fc: Any, grads: int, accumulate_grad_batches: int = 1) -> list[tuple[str, int]]:
-    """``(phase, bytes above the step's start)`` of a Lightning training step, for every step of the
-    forecast schedule (see :func:`lightning_step_peak`); with ``accumulate_grad_batches`` > 1, of the
-    micro-batch that steps the optimizer."""
-    shifted = ("optimizer",) if _check_accumulate(accumulate_grad_batches) > 1 else ("backward", "optimizer")
+def lightning_step_memory(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop()) -> tuple[int, int | None]:
+    """``(baseline bytes, peak bytes above it)`` of a Lightning training step from its forecast. The
+    baseline holds the gradients (``grads`` bytes) under automatic optimization, where they are live
+    when a step starts; the peak is ``None`` when the forecast failed."""
+    base = fc.baseline_bytes + (grads if loop.automatic_optimization else 0)
+    return base, None if fc.peak_bytes is None else lightning_step_peak(fc, grads, loop)
+
+
+def lightning_step_timeline(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop()) -> list[tuple[str, int]]:
+    """``(phase, bytes above the step's baseline)`` of a Lightning training step, for every step of
+    the forecast schedule (see :func:`lightning_step_peak`); with ``accumulate_grad_batches`` > 1, of
+    the micro-batch that steps the optimizer."""
+    if not loop.automatic_optimization:
+        shifted: tuple[str, ...] = ()
+    elif loop.accumulate_grad_batches > 1:
+        shifted = ("optimizer",)
+    else:
+        shifted = ("backward", "optimizer")
     return [(s.phase, s.bytes - grads if s.phase in shifted else s.bytes) for s in fc.timeline]
-
-
-def _check_accumulate(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"`accumulate_grad_batches={n!r}` must be an int >= 1 (Lightning's Trainer argument).")
-    return n
 
 
 def decide_plan(
@@ -194,12 +245,12 @@ def decide_plan(
     optimizer: torch.optim.Optimizer | None,
     *,
     call: str,
-    accumulate_grad_batches: int = 1,
+    loop: TrainingLoop = TrainingLoop(),
 ) -> MemPlan:
     """A fixed-budget plan, or the search's choice (knee, or cheapest within ``max_memory``).
 
-    Candidates are judged by the peak of a Lightning training step (:func:`lightning_step_peak`,
-    with the Trainer's ``accumulate_grad_batches``) above a baseline that holds the gradients.
+    Candidates are judged by the memory of the Lightning training step ``loop`` runs
+    (:func:`lightning_step_memory`).
     When nothing fits ``max_memory``, warns (:class:`PlanWarning`) and returns the plan with the
     smallest forecast.
     """
@@ -208,18 +259,14 @@ def decide_plan(
                        backend=settings.backend, reason="budget given")
     sets = checkpoint_candidates(resolve_blocks(module, settings.checkpoint))
     target = BoundForward(module, forward, kwargs)
-    grads, n = grad_bytes(module), _check_accumulate(accumulate_grad_batches)
-
-    def lightning_step(fc: Any) -> tuple[int, int | None]:
-        peak = None if fc.peak_bytes is None else lightning_step_peak(fc, grads, n)
-        return fc.baseline_bytes + grads, peak
-
+    grads = grad_bytes(module)
     try:
         plan = search(target, tuple(args), budgets=settings.candidate_budgets,
                       checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
                       solver=settings.solver, backend=settings.search_backend, optimizer=optimizer,
                       loss_fn=sum_outputs, max_memory=settings.max_memory,
-                      remat_budgets=settings.remat_budgets, step_memory=lightning_step).plan
+                      remat_budgets=settings.remat_budgets,
+                      step_memory=lambda fc: lightning_step_memory(fc, grads, loop)).plan
     except PlanDoesNotFit as exc:
         warnings.warn(f"{call}: {exc} Training with the smallest plan.", PlanWarning, stacklevel=2)
         plan = exc.plan
@@ -239,11 +286,11 @@ def forecast_plan(
     kwargs: dict[str, Any],
     optimizer: torch.optim.Optimizer | None,
     *,
-    accumulate_grad_batches: int = 1,
+    loop: TrainingLoop = TrainingLoop(),
 ) -> tuple[MemPlan, Any]:
     """Forecast ``plan`` on ``settings.backend`` (the plan's blocks must already be wrapped) and
-    return the plan with its Lightning-step prediction (:func:`lightning_step_peak`, with the
-    Trainer's ``accumulate_grad_batches``), breakdown and partitioner notes filled in, and the
+    return the plan with the prediction for the Lightning step ``loop`` runs
+    (:func:`lightning_step_memory`), breakdown and partitioner notes filled in, and the
     :class:`~lightning_memplan.forecasting.Forecast`. Raises what the forecast raises."""
     from .forecasting import forecast
 
@@ -263,7 +310,7 @@ def forecast_plan(
         f"region {r.index}: " + ("solver called" if r.decision and r.decision.solver_called
                                  else f"solver not called ({r.decision.reason if r.decision else 'unknown'})")
         for r in fc.regions)
-    plan = dataclasses.replace(plan, predicted_peak_bytes=lightning_step_peak(fc, grads, accumulate_grad_batches),
-                               baseline_bytes=fc.baseline_bytes + grads, breakdown=breakdown,
+    baseline, peak = lightning_step_memory(fc, grads, loop)
+    plan = dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline, breakdown=breakdown,
                                notes=notes)
     return plan, fc

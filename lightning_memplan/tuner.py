@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import move_data_to_device
 
 from .checkpointing import CheckpointPolicy, checkpointed
 from .plan import MemPlan
-from .planner import PlanSettings, decide_plan, forecast_plan
+from .planner import PlanSettings, TrainingLoop, decide_plan, forecast_plan
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 
 __all__ = ["plan_memory"]
@@ -121,14 +121,14 @@ def plan_memory(
         args, kwargs = _forward_arguments(model, batch)
         optimizer = _first_optimizer(model.configure_optimizers())
         forward = model.forward
-        accumulate = trainer.accumulate_grad_batches
+        loop = TrainingLoop.of(trainer, model)
         # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
         with trainer.strategy.precision_plugin.train_step_context():
             plan = decide_plan(settings, model, forward, args, kwargs, optimizer, call="plan_memory",
-                               accumulate_grad_batches=accumulate)
+                               loop=loop)
             with checkpointed(model, plan.checkpoint):
                 plan, _ = forecast_plan(settings, plan, model, forward, args, kwargs, optimizer,
-                                        accumulate_grad_batches=accumulate)
+                                        loop=loop)
     finally:
         model.to(home)
         model.train(was_training)

@@ -249,3 +249,37 @@ def test_gradient_accumulation_is_forecast_at_the_micro_batch_that_steps(tmp_pat
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert abs(float(row["memplan/prediction_error"])) < 0.01
     assert float(row["memplan/measured_peak_bytes"]) > float(row["memplan/gradients_bytes"])
+
+
+class _ManualOptimization(TinyNet):
+    """training_step steps the optimizer itself; ``zero_grad`` opens or closes the step."""
+
+    def __init__(self, zero_grad_first: bool) -> None:
+        super().__init__(width=64, batches=8)
+        self.automatic_optimization = False
+        self.zero_grad_first = zero_grad_first
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        x, y = batch
+        if self.zero_grad_first:
+            opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.manual_backward(loss)
+        opt.step()
+        if not self.zero_grad_first:
+            opt.zero_grad()
+        return loss
+
+
+@pytest.mark.parametrize("zero_grad_first", [True, False], ids=["zero_grad-first", "zero_grad-last"])
+def test_manual_optimization_is_forecast_above_a_baseline_without_gradients(tmp_path: Path,
+                                                                           zero_grad_first: bool) -> None:
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=4)
+    trainer = _trainer(tmp_path, cb, epochs=1)
+    trainer.fit(_ManualOptimization(zero_grad_first))
+    assert cb.fallback_reason is None
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01
+    # the step's new gradients and AdamW's temporaries are above that baseline
+    assert float(row["memplan/predicted_peak_bytes"]) > float(row["memplan/gradients_bytes"])

@@ -12,7 +12,7 @@ import lightning_memplan
 from lightning_memplan import Forecast, forecast, measure_peak
 from lightning_memplan import compile as mp_compile
 from lightning_memplan.allocations import accumulation_order, lightning_order, simulate_cuda_allocator
-from lightning_memplan.planner import lightning_step_timeline
+from lightning_memplan.planner import TrainingLoop, lightning_step_memory, lightning_step_timeline
 
 X = torch.randn(1024, 256)
 
@@ -46,10 +46,14 @@ def check_allocations(fc: Forecast) -> None:
         assert lit.requested_peak_bytes == max([0, *(b for _, b in lightning_step_timeline(fc, grads))])
         assert simulate_cuda_allocator(lit, device="cpu").requested_peak_bytes == lit.requested_peak_bytes
         acc = accumulation_order(steps)  # accumulate_grad_batches > 1: the micro-batch that steps
-        assert acc.requested_peak_bytes == max([0, *(b for _, b in lightning_step_timeline(fc, grads, 2))])
+        assert acc.requested_peak_bytes == max([0, *(b for _, b in lightning_step_timeline(fc, grads, TrainingLoop(2)))])
         assert simulate_cuda_allocator(acc, device="cpu").requested_peak_bytes == acc.requested_peak_bytes
         with pytest.raises(ValueError, match=r"`accumulate_grad_batches=0` must be an int >= 1"):
-            lightning_step_timeline(fc, grads, 0)
+            TrainingLoop(0)
+        # manual optimization: forecast()'s own step, above a baseline without gradients
+        manual = TrainingLoop(automatic_optimization=False)
+        assert lightning_step_timeline(fc, grads, manual) == [(s.phase, s.bytes) for s in fc.timeline]
+        assert lightning_step_memory(fc, grads, manual) == (fc.baseline_bytes, fc.peak_bytes)
 
 
 @pytest.fixture(scope="module")
