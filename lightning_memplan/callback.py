@@ -75,7 +75,8 @@ class MemPlanCallback(Callback):
             the knee of the forecast Pareto front (peak memory vs FLOPs), or, with ``max_memory``,
             the cheapest plan that fits.
         max_memory: a byte target (int, or a string such as ``"20GiB"`` or ``"512MB"``) for the
-            bytes live during a step: parameters, optimizer state and batch plus the step's peak.
+            bytes live during a step: parameters, their gradients (automatic optimization keeps them
+            between steps), optimizer state and batch, plus the step's peak.
             With ``budget="auto"`` it selects the plan; with any budget, if the measured peak of the
             first steps exceeds it, the callback re-plans once with a smaller forecast (recompiling)
             when ``replan`` is on.

@@ -206,10 +206,11 @@ def _print_report(result: DemoResult) -> None:
               f"backend {plan.backend}; {plan.reason or 'given'}.")
         if plan.candidates:
             print("\nCandidate plans (forecast peak above the baseline of "
-                  f"{format_bytes(plan.baseline_bytes)} for parameters, optimizer state and batch):")
+                  f"{format_bytes(plan.baseline_bytes)} for parameters, their gradients, optimizer state "
+                  "and batch):")
             print(candidates_table(plan))
-            print("(The search forecasts a plain step; the prediction logged below also counts that "
-                  "Lightning frees the previous step's gradients in zero_grad, before backward.)")
+            print("(Peaks of the step Lightning runs: the previous step's gradients stay live through "
+                  "the forward and are freed in zero_grad, before backward.)")
     print("\nPeak memory of a training step above its starting bytes, per epoch "
           "(as logged under memplan/*):")
     print(epochs_table(result.epochs) if result.epochs else "(nothing logged)")
