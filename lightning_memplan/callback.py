@@ -32,11 +32,13 @@ from .planner import (
     PlanSettings,
     PlanWarning,
     TrainingLoop,
+    check_submodule,
     decide_plan,
     forecast_plan,
     lightning_step_timeline,
     live_grad_bytes,
     plan_solver,
+    resolve_submodule,
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from .strategy import decide_on_rank_zero, max_over_ranks
@@ -106,6 +108,9 @@ class MemPlanCallback(Callback):
             as TensorBoard figures when that logger is used).
         compile_kwargs: extra keyword arguments for ``torch.compile`` (e.g. ``{"dynamic": False}``).
         verbose: print the plan table at fit start and a line per epoch (rank zero).
+        submodule: attribute path of the submodule to plan and compile (e.g. ``"model"`` when
+            ``training_step`` calls ``self.model(x)``, or ``"model.backbone"``); default: the
+            LightningModule itself (``training_step`` calls ``self(x)``). Checked at fit start.
 
     Logged metrics, each training epoch, to every logger of the Trainer (``step`` = global step):
 
@@ -145,8 +150,10 @@ class MemPlanCallback(Callback):
         log_plots: bool = True,
         compile_kwargs: dict[str, Any] | None = None,
         verbose: bool = True,
+        submodule: str | None = None,
     ) -> None:
         call = "MemPlanCallback"
+        check_submodule(submodule, call)
         self._settings = PlanSettings.from_args(
             call, budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint,
             backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend,
@@ -175,6 +182,7 @@ class MemPlanCallback(Callback):
         self._log_plots = bool(log_plots)
         self._compile_kwargs = dict(compile_kwargs or {})
         self._verbose = bool(verbose)
+        self._submodule = submodule
 
         #: The plan in force (None before the first training batch, or after a fallback).
         self.plan: MemPlan | None = None
@@ -191,7 +199,9 @@ class MemPlanCallback(Callback):
 
     # ------------------------------------------------------------------ state
     def _reset_fit_state(self) -> None:
-        self._module: LightningModule | None = None
+        self._lit: LightningModule | None = None
+        #: The module whose forward is planned: the LightningModule or its ``submodule``.
+        self._module: nn.Module | None = None
         self._trainer: Trainer | None = None
         self._saved_forward: Any = _MISSING
         self._orig_forward: Callable[..., Any] | None = None
@@ -240,11 +250,13 @@ class MemPlanCallback(Callback):
         check_torch_version()
         self._reset_fit_state()
         self.measured = []
+        target = resolve_submodule(pl_module, self._submodule, "MemPlanCallback")
         self._trainer = trainer
-        self._module = pl_module
-        self._saved_forward = pl_module.__dict__.get("forward", _MISSING)
-        self._orig_forward = pl_module.forward
-        pl_module.forward = self._planned_forward  # type: ignore[method-assign]
+        self._lit = pl_module
+        self._module = target
+        self._saved_forward = target.__dict__.get("forward", _MISSING)
+        self._orig_forward = target.forward
+        target.forward = self._planned_forward  # type: ignore[method-assign]
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -265,7 +277,7 @@ class MemPlanCallback(Callback):
                 module.forward = self._saved_forward  # type: ignore[method-assign]
         self._stack.close()
         self._active_forward = None
-        self._module = None
+        self._module = self._lit = None
 
     # ------------------------------------------------------------------ the planned forward
     def _planned_forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -313,7 +325,7 @@ class MemPlanCallback(Callback):
 
     def _loop(self) -> TrainingLoop:
         """How the Trainer runs this module's training step (accumulation, manual optimization)."""
-        return TrainingLoop.of(self._trainer, self._module)
+        return TrainingLoop.of(self._trainer, self._lit)
 
     def _optimizer(self) -> torch.optim.Optimizer | None:
         trainer = self._trainer
@@ -367,7 +379,8 @@ class MemPlanCallback(Callback):
     # ------------------------------------------------------------------ measuring
     def _device(self) -> torch.device:
         module = self._module
-        dev = module.device if module is not None else torch.device("cpu")
+        param = next(module.parameters(), None) if module is not None else None
+        dev = param.device if param is not None else torch.device("cpu")
         return dev if dev.type in ("cpu", "cuda") else torch.device("cpu")
 
     @override
@@ -393,10 +406,12 @@ class MemPlanCallback(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self._fit_batches == 1 and self.plan is None and self.fallback_reason is None:
-            self.fallback_reason = "training_step never called the module itself (`self(...)`)"
+            call = f"self.{self._submodule}(...)" if self._submodule else "self(...)"
+            self.fallback_reason = f"training_step never called the module itself (`{call}`)"
+            hint = "" if self._submodule else " If it calls a submodule (`self.model(x)`), pass `submodule=\"model\"`."
             warnings.warn(
-                "MemPlanCallback: training_step did not call `self(...)` in the first batch, so there "
-                "is no forward to plan and compile; training goes on uncompiled.",
+                f"MemPlanCallback: training_step did not call `{call}` in the first batch, so there "
+                f"is no forward to plan and compile; training goes on uncompiled.{hint}",
                 MemPlanWarning, stacklevel=2)
         peak = self._close_window()
         if peak is None:

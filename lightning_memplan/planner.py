@@ -166,6 +166,27 @@ class TrainingLoop:
                    automatic_optimization=bool(getattr(module, "automatic_optimization", True)))
 
 
+def check_submodule(path: str | None, call: str) -> str | None:
+    """``path`` if it is None or an attribute path (``"model"``, ``"model.backbone"``), else a ValueError."""
+    if path is not None and (not isinstance(path, str) or not all(p.isidentifier() for p in path.split("."))):
+        raise ValueError(f"`{call}(submodule={path!r})` must be None or an attribute path of the "
+                         "LightningModule such as 'model' or 'model.backbone'.")
+    return path
+
+
+def resolve_submodule(module: nn.Module, path: str | None, call: str) -> nn.Module:
+    """``module`` itself (``path`` None) or its submodule at ``path``; a ValueError naming the
+    argument and ``module``'s children when there is none."""
+    if path is None:
+        return module
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        children = [name for name, _ in module.named_children()]
+        raise ValueError(f"`{call}(submodule={path!r})`: {type(module).__name__} has no submodule {path!r}; "
+                         f"its children are {children}.") from None
+
+
 def live_grad_bytes(module: nn.Module) -> int:
     """Bytes of the gradients ``module``'s parameters hold right now (unique storages)."""
     seen: set[int] = set()

@@ -14,10 +14,18 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device
+from torch import nn
 
 from .checkpointing import CheckpointPolicy, checkpointed
 from .plan import MemPlan
-from .planner import PlanSettings, TrainingLoop, decide_plan, forecast_plan
+from .planner import (
+    PlanSettings,
+    TrainingLoop,
+    check_submodule,
+    decide_plan,
+    forecast_plan,
+    resolve_submodule,
+)
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 
 __all__ = ["plan_memory"]
@@ -38,16 +46,19 @@ def _first_optimizer(configured: Any) -> torch.optim.Optimizer | None:
     return None
 
 
-def _forward_arguments(model: LightningModule, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments ``training_step`` passes to ``self(...)``, without running the step."""
+def _forward_arguments(model: LightningModule, batch: Any, target: nn.Module | None = None,
+                       call: str = "self(...)") -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments ``training_step`` passes to ``target`` (default: ``self(...)``), without running
+    the step."""
+    target = model if target is None else target
     captured: dict[str, Any] = {}
 
     def capture(*args: Any, **kwargs: Any) -> Any:
         captured["call"] = (args, kwargs)
         raise _Captured
 
-    saved = model.__dict__.get("forward")
-    model.forward = capture  # type: ignore[method-assign]
+    saved = target.__dict__.get("forward")
+    target.forward = capture  # type: ignore[method-assign]
     try:
         with torch.enable_grad():
             model.training_step(batch, 0)
@@ -55,13 +66,14 @@ def _forward_arguments(model: LightningModule, batch: Any) -> tuple[tuple[Any, .
         pass
     finally:
         if saved is None:
-            del model.forward
+            del target.forward
         else:
-            model.forward = saved  # type: ignore[method-assign]
+            target.forward = saved  # type: ignore[method-assign]
     if "call" not in captured:
         raise RuntimeError(
-            "plan_memory: `training_step` never called the module itself (`self(...)`), so there is "
-            "no forward to compile. Call `self(x)` in training_step, or plan the submodule you run."
+            f"plan_memory: `training_step` never called the module itself (`{call}`), so there is "
+            "no forward to compile. Call it in training_step, or plan the submodule you run "
+            "(`submodule=\"model\"` for `self.model(x)`)."
         )
     return captured["call"]
 
@@ -80,10 +92,12 @@ def plan_memory(
     candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
     search_backend: str = "aot_eager",
     remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
+    submodule: str | None = None,
 ) -> MemPlan:
     """Choose a memory plan for ``model`` on the first training batch, without training.
 
-    The plan arguments mean what they mean for :class:`~lightning_memplan.MemPlanCallback`. The
+    The plan arguments (``submodule`` too) mean what they mean for
+    :class:`~lightning_memplan.MemPlanCallback`. The
     batch comes from ``train_dataloaders``, else ``datamodule.train_dataloader()`` (after
     ``setup("fit")``), else ``model.train_dataloader()``; it is moved to
     ``trainer.strategy.root_device`` with the model. Afterwards the model is back on its device and
@@ -102,6 +116,8 @@ def plan_memory(
         "plan_memory", budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint,
         backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend,
         remat_budgets=remat_budgets)
+    target = resolve_submodule(model, check_submodule(submodule, "plan_memory"), "plan_memory")
+    call = f"self.{submodule}(...)" if submodule else "self(...)"
     if train_dataloaders is not None:
         loader = train_dataloaders
     elif datamodule is not None:
@@ -118,16 +134,16 @@ def plan_memory(
         model.to(device)
         model.train()
         batch = move_data_to_device(batch, device)
-        args, kwargs = _forward_arguments(model, batch)
+        args, kwargs = _forward_arguments(model, batch, target, call)
         optimizer = _first_optimizer(model.configure_optimizers())
-        forward = model.forward
+        forward = target.forward
         loop = TrainingLoop.of(trainer, model)
         # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
         with trainer.strategy.precision_plugin.train_step_context():
-            plan = decide_plan(settings, model, forward, args, kwargs, optimizer, call="plan_memory",
+            plan = decide_plan(settings, target, forward, args, kwargs, optimizer, call="plan_memory",
                                loop=loop)
-            with checkpointed(model, plan.checkpoint):
-                plan, _ = forecast_plan(settings, plan, model, forward, args, kwargs, optimizer,
+            with checkpointed(target, plan.checkpoint):
+                plan, _ = forecast_plan(settings, plan, target, forward, args, kwargs, optimizer,
                                         loop=loop)
     finally:
         model.to(home)

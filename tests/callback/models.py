@@ -45,3 +45,21 @@ class TinyNet(LightningModule):
         n = self._batch * self._batches
         x = torch.randn(n, self._width, generator=g)
         return DataLoader(TensorDataset(x, x[:, :1].clone()), batch_size=self._batch)
+
+
+class Wrapper(LightningModule):
+    """The common layout: the network is an attribute, and training_step calls ``self.model(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = TinyNet()
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.model(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.model.train_dataloader()

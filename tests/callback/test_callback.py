@@ -17,7 +17,7 @@ from lightning_memplan.callback import MemPlanWarning
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.search import DEFAULT_REMAT_BUDGETS
 
-from .models import TinyNet
+from .models import TinyNet, Wrapper
 
 KEYS = {
     "memplan/predicted_peak_bytes", "memplan/measured_peak_bytes", "memplan/prediction_error",
@@ -283,3 +283,30 @@ def test_manual_optimization_is_forecast_above_a_baseline_without_gradients(tmp_
     assert abs(float(row["memplan/prediction_error"])) < 0.01
     # the step's new gradients and AdamW's temporaries are above that baseline
     assert float(row["memplan/predicted_peak_bytes"]) > float(row["memplan/gradients_bytes"])
+
+
+def test_submodule_plans_what_training_step_calls(tmp_path: Path) -> None:
+    wrapper = Wrapper()
+    cb = MemPlanCallback(0.5, backend="aot_eager", submodule="model")
+    trainer = _trainer(tmp_path, cb, epochs=1)
+    trainer.fit(wrapper)
+    assert cb.fallback_reason is None and cb.plan is not None
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01
+    assert "forward" not in wrapper.model.__dict__ and "forward" not in wrapper.__dict__  # restored
+    # without it there is nothing to plan: the run goes on uncompiled and the warning says what to pass
+    cb = MemPlanCallback(0.5, backend="aot_eager")
+    with pytest.warns(MemPlanWarning, match=r'pass `submodule="model"`'):
+        _trainer(tmp_path, cb, epochs=1).fit(Wrapper())
+    assert cb.fallback_reason is not None and "never called" in cb.fallback_reason
+
+
+def test_bad_submodule_is_refused_before_training() -> None:
+    with pytest.raises(ValueError, match=r"`MemPlanCallback\(submodule='model\.\.x'\)` must be None or an attribute path"):
+        MemPlanCallback(submodule="model..x")
+    wrapper = Wrapper()
+    trainer = Trainer(max_epochs=1, callbacks=[MemPlanCallback(0.5, submodule="net")], logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu", devices=1)
+    with pytest.raises(ValueError, match=r"Wrapper has no submodule 'net'; its children are \['model'\]"):
+        trainer.fit(wrapper)
+    assert all(p.grad is None for p in wrapper.parameters())  # nothing trained

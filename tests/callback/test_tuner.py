@@ -11,7 +11,7 @@ from lightning_memplan import MemPlanCallback
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.tuner import plan_memory
 
-from .models import TinyNet
+from .models import TinyNet, Wrapper
 
 
 def test_plan_memory_then_train_from_the_json(tmp_path: Path) -> None:
@@ -70,3 +70,18 @@ def test_plan_memory_plans_the_step_fit_runs_mixed_precision_and_accumulation() 
     trainer(precision="bf16-mixed", accumulate_grad_batches=2, callbacks=[cb]).fit(model)
     assert cb.fallback_reason is None
     assert cb.plan.predicted_peak_bytes == fitted.predicted_peak_bytes
+
+
+def test_plan_memory_plans_a_submodule_and_the_callback_reuses_it() -> None:
+    def trainer(**kw: object) -> Trainer:
+        return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
+                       enable_progress_bar=False, enable_model_summary=False, **kw)  # type: ignore[arg-type]
+
+    wrapper = Wrapper()
+    with pytest.raises(RuntimeError, match=r'`submodule="model"` for `self\.model\(x\)`'):
+        plan_memory(trainer(), wrapper, budget=0.5, backend="aot_eager")
+    plan = plan_memory(trainer(), wrapper, budget=0.5, backend="aot_eager", submodule="model")
+    assert plan.predicted_peak_bytes and "forward" not in wrapper.model.__dict__
+    cb = MemPlanCallback(plan=plan, backend="aot_eager", submodule="model")
+    trainer(callbacks=[cb]).fit(wrapper)
+    assert cb.fallback_reason is None and cb.plan.predicted_peak_bytes == plan.predicted_peak_bytes
