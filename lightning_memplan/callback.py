@@ -215,6 +215,8 @@ class MemPlanCallback(Callback):
         self._warmup_window = False
         self._epoch_peaks: list[int] = []
         self._fit_batches = 0
+        #: Calls of the planned forward in the first training batch (the forecast covers one).
+        self.forward_calls_per_step = 0
         self._replanned = False
         self._timeline_plotted = False
 
@@ -285,6 +287,8 @@ class MemPlanCallback(Callback):
         assert module is not None and self._orig_forward is not None
         trainer = self._trainer
         in_training = trainer.training if trainer is not None else module.training
+        if self._fit_batches == 1 and in_training and torch.is_grad_enabled():
+            self.forward_calls_per_step += 1
         if self.plan is None and self.fallback_reason is None and in_training and torch.is_grad_enabled():
             self._example = (args, kwargs)
             self._activate()
@@ -413,6 +417,12 @@ class MemPlanCallback(Callback):
                 f"MemPlanCallback: training_step did not call `{call}` in the first batch, so there "
                 f"is no forward to plan and compile; training goes on uncompiled.{hint}",
                 MemPlanWarning, stacklevel=2)
+        if self._fit_batches == 1 and self.forward_calls_per_step > 1 and self.plan is not None:
+            warnings.warn(
+                f"MemPlanCallback: training_step called the planned forward {self.forward_calls_per_step} "
+                "times in one step; the forecast covers one call, and every call's saved activations stay "
+                "live until the backward, so the measured peak will be higher than predicted (see "
+                "memplan/prediction_error).", MemPlanWarning, stacklevel=2)
         peak = self._close_window()
         if peak is None:
             self._window_streak = 0

@@ -54,6 +54,7 @@ def test_fixed_budget_compiles_logs_and_restores(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, cb)
     trainer.fit(model)
     assert cb.fallback_reason is None and cb.plan is not None and cb.plan.budget == 0.5
+    assert cb.forward_calls_per_step == 1
     rows = [r for r in _metrics(trainer) if r.get("memplan/budget")]
     assert len(rows) == 2  # one per epoch
     assert KEYS <= {k for k, v in rows[-1].items() if v != ""}
@@ -310,3 +311,16 @@ def test_bad_submodule_is_refused_before_training() -> None:
     with pytest.raises(ValueError, match=r"Wrapper has no submodule 'net'; its children are \['model'\]"):
         trainer.fit(wrapper)
     assert all(p.grad is None for p in wrapper.parameters())  # nothing trained
+
+
+class _TwoCalls(TinyNet):
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch  # two views of the batch, as contrastive objectives do
+        return torch.nn.functional.mse_loss(self(x), y) + torch.nn.functional.mse_loss(self(x.flip(0)), y)
+
+
+def test_several_forward_calls_per_step_are_counted_and_warned_about(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.5, backend="aot_eager")
+    with pytest.warns(MemPlanWarning, match=r"called the planned forward 2 times in one step; the forecast covers one"):
+        _trainer(tmp_path, cb, epochs=1).fit(_TwoCalls())
+    assert cb.forward_calls_per_step == 2 and cb.fallback_reason is None
