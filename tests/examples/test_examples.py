@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -13,44 +15,70 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _run(tmp_path: Path, *argv: str, timeout: int = 600) -> str:
+def _run(cwd: Path, *argv: str, timeout: int = 600) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout
 
 
-def test_basic_use(tmp_path: Path) -> None:
-    out = _run(tmp_path, str(EXAMPLES / "basic_use.py"), "--fast")
+#: Each example's command line (its fast mode). They run two at a time, one thread each, from the
+#: first test of this module on: each is a fresh process that mostly compiles on one core.
+RUNS: dict[str, tuple[str, ...]] = {
+    "basic_use": (str(EXAMPLES / "basic_use.py"), "--fast"),
+    "byte_target": (str(EXAMPLES / "byte_target.py"), "--fast", "--max-memory", "64MiB"),
+    "tune_then_train": (str(EXAMPLES / "tune_then_train.py"), "--fast"),
+    "lightning_cli": (str(EXAMPLES / "lightning_cli.py"), "fit", "--config", str(EXAMPLES / "lightning_cli.yaml"),
+                      "--fast"),
+    "ddp_cpu": (str(EXAMPLES / "ddp_cpu.py"), "--fast"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Path, Future[str]]]]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        started = {}
+        for name in ("ddp_cpu", *(n for n in RUNS if n != "ddp_cpu")):  # the longest first
+            cwd = tmp_path_factory.mktemp(name)
+            started[name] = (cwd, pool.submit(_run, cwd, *RUNS[name]))
+        yield started
+
+
+def _result(runs: dict[str, tuple[Path, Future[str]]], name: str) -> tuple[Path, str]:
+    cwd, future = runs[name]
+    return cwd, future.result()
+
+
+def test_basic_use(runs: dict[str, tuple[Path, Future[str]]]) -> None:
+    cwd, out = _result(runs, "basic_use")
     assert "plan: budget" in out and "chosen by knee" in out
-    assert list(tmp_path.glob("memplan_out/lightning_logs/version_0/memplan/frontier.png"))
+    assert list(cwd.glob("memplan_out/lightning_logs/version_0/memplan/frontier.png"))
 
 
-def test_byte_target(tmp_path: Path) -> None:
-    out = _run(tmp_path, str(EXAMPLES / "byte_target.py"), "--fast", "--max-memory", "64MiB")
+def test_byte_target(runs: dict[str, tuple[Path, Future[str]]]) -> None:
+    _, out = _result(runs, "byte_target")
     assert "cheapest plan within max_memory 64.00 MiB" in out
 
 
-def test_tune_then_train(tmp_path: Path) -> None:
-    out = _run(tmp_path, str(EXAMPLES / "tune_then_train.py"), "--fast")
-    plan = json.loads((tmp_path / "memplan_out" / "plan.json").read_text())
+def test_tune_then_train(runs: dict[str, tuple[Path, Future[str]]]) -> None:
+    cwd, out = _result(runs, "tune_then_train")
+    plan = json.loads((cwd / "memplan_out" / "plan.json").read_text())
     assert f"trained with budget {plan['budget']:g} from" in out
     # the fast mode's two budgets (no checkpointing), then the search's whole-graph remat plans
     assert [c["solver"] for c in plan["candidates"]] == ["", "", "remat", "remat", "remat"]
 
 
-def test_lightning_cli_fits_from_yaml(tmp_path: Path) -> None:
-    out = _run(tmp_path, str(EXAMPLES / "lightning_cli.py"), "fit", "--config",
-               str(EXAMPLES / "lightning_cli.yaml"), "--fast")
-    log_dir = tmp_path / "memplan_out" / "lightning_logs" / "version_0"
+def test_lightning_cli_fits_from_yaml(runs: dict[str, tuple[Path, Future[str]]]) -> None:
+    cwd, out = _result(runs, "lightning_cli")
+    log_dir = cwd / "memplan_out" / "lightning_logs" / "version_0"
     # the timeline is drawn once a batch was measured; the config LightningCLI saved is the YAML's
     assert (log_dir / "memplan" / "timeline.png").is_file(), out[-2000:]
     assert "lightning_memplan.MemPlanCallback" in (log_dir / "config.yaml").read_text()
 
 
-def test_ddp_cpu_two_processes(tmp_path: Path) -> None:
-    out = _run(tmp_path, str(EXAMPLES / "ddp_cpu.py"), "--fast")
+def test_ddp_cpu_two_processes(runs: dict[str, tuple[Path, Future[str]]]) -> None:
+    _, out = _result(runs, "ddp_cpu")
     lines = [ln for ln in out.splitlines() if ln.startswith("rank ")]
     assert sorted(ln.split(":")[0] for ln in lines) == ["rank 0", "rank 1"], out[-2000:]
     assert len({ln.split(":")[1].split(",")[0] for ln in lines}) == 1  # one budget on both ranks
