@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/device_check}
 mkdir -p "$OUT"
 LIMIT=${GPU_CHECK_SECONDS:-300}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
-timeout 150 python -m pytest -q -s -p no:cacheprovider --import-mode=importlib \
+timeout 200 python -m pytest -q -s -p no:cacheprovider --import-mode=importlib \
     tests/forecast/test_cuda_allocator.py tests/forecast/test_forecast.py tests/callback/test_cuda.py \
     -k "cuda or fsdp or remat_plan" 2>&1 | tail -40 | tee "$OUT/pytest_cuda.txt"
 timeout $((LIMIT + 40)) python benchmarks/gpu_check.py --no-solvers --time-limit "$LIMIT" 2>&1 \

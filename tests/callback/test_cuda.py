@@ -73,3 +73,16 @@ def test_fsdp_strategy_plans_compiles_and_reports(tmp_path: Path) -> None:
     import torch._functorch.config as fc
 
     assert fc.activation_memory_budget == 1.0  # restored after fit
+
+
+@pytest.mark.parametrize("loop", [{"accumulate_grad_batches": 2}, {"precision": "bf16-mixed"}],
+                         ids=["accumulate-2", "bf16-mixed"])
+def test_cuda_lightning_loops_are_forecast_on_the_allocator(tmp_path: Path, loop: dict[str, Any]) -> None:
+    # gradient accumulation replays allocations.accumulation_order through the allocator model
+    cb = MemPlanCallback(0.5, backend="inductor", checkpoint=None, measure_batches=4)
+    trainer = _fit(tmp_path, cb, **loop)
+    assert cb.fallback_reason is None
+    row = _last_row(trainer)
+    print(f"\ncuda inductor {loop}: predicted {row['memplan/predicted_peak_bytes']:.0f} B, "
+          f"measured {row['memplan/measured_peak_bytes']:.0f} B, error {row['memplan/prediction_error']:+.2%}")
+    assert abs(row["memplan/prediction_error"]) < 0.08
