@@ -105,7 +105,8 @@ class MemPlanCallback(Callback):
             compiles, is never measured). On CPU each measured batch runs under the profiler, and
             so does one warm-up batch before them (see :meth:`on_train_batch_start`).
         log_plots: write the Pareto-front and memory-timeline PNGs into the logger's directory (and
-            as TensorBoard figures when that logger is used).
+            as TensorBoard figures, or MLflow run artifacts under ``memplan/``, when those loggers
+            are used).
         compile_kwargs: extra keyword arguments for ``torch.compile`` (e.g. ``{"dynamic": False}``).
         verbose: print the plan table at fit start and a line per epoch (rank zero).
         submodule: attribute path of the submodule to plan and compile (e.g. ``"model"`` when
@@ -578,13 +579,19 @@ class MemPlanCallback(Callback):
         self._emit_figure(fig, "timeline")
 
     def _emit_figure(self, fig: Any, name: str) -> None:
-        from lightning.pytorch.loggers import TensorBoardLogger
+        """Save ``fig`` as ``<plot dir>/<name>.png`` and hand it to the loggers that keep pictures:
+        a TensorBoard figure, an MLflow run artifact (under ``memplan/``)."""
+        from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
 
         from .report import save_figure
 
         trainer = self._trainer
-        for logger in (trainer.loggers if trainer is not None else []):
+        loggers = list(trainer.loggers) if trainer is not None else []
+        for logger in loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_figure(f"memplan/{name}", fig, global_step=trainer.global_step, close=False)
         path = save_figure(fig, self._plot_dir() / f"{name}.png")
         rank_zero_info(f"MemPlan: wrote {path}")
+        for logger in loggers:
+            if isinstance(logger, MLFlowLogger) and logger.run_id is not None:
+                logger.experiment.log_artifact(logger.run_id, str(path), artifact_path="memplan")

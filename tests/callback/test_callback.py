@@ -324,3 +324,18 @@ def test_several_forward_calls_per_step_are_counted_and_warned_about(tmp_path: P
     with pytest.warns(MemPlanWarning, match=r"called the planned forward 2 times in one step; the forecast covers one"):
         _trainer(tmp_path, cb, epochs=1).fit(_TwoCalls())
     assert cb.forward_calls_per_step == 2 and cb.fallback_reason is None
+
+
+def test_mlflow_logger_gets_the_metrics_and_the_timeline_artifact(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's local file store, no database
+    logger = MLFlowLogger(experiment_name="memplan", tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    cb = MemPlanCallback(0.5, backend="aot_eager")
+    _trainer(tmp_path, cb, logger=logger, epochs=1).fit(TinyNet())
+    client = logger.experiment
+    metrics = client.get_run(logger.run_id).data.metrics
+    assert KEYS <= set(metrics)
+    assert abs(metrics["memplan/prediction_error"]) < 0.10
+    assert "memplan/timeline.png" in {a.path for a in client.list_artifacts(logger.run_id, "memplan")}
