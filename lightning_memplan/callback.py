@@ -402,8 +402,8 @@ class MemPlanCallback(Callback):
         # manual optimization: the prediction is above a baseline without gradients (see
         # lightning_step_peak); gradients live at the start count as part of the measured peak
         module = self._module
-        manual = module is not None and not self._loop().automatic_optimization
-        self._window_grads = live_grad_bytes(module) if module is not None and manual else 0
+        manual = not self._loop().automatic_optimization
+        self._window_grads = live_grad_bytes(module) if manual and module is not None else 0
         self._window = PeakWindow(self._device())
         self._window.__enter__()
 

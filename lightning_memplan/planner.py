@@ -189,16 +189,10 @@ def resolve_submodule(module: nn.Module, path: str | None, call: str) -> nn.Modu
 
 def live_grad_bytes(module: nn.Module) -> int:
     """Bytes of the gradients ``module``'s parameters hold right now (unique storages)."""
-    seen: set[int] = set()
-    total = 0
-    for p in module.parameters():
-        g = p.grad
-        if g is not None:
-            st = g.untyped_storage()
-            if st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                total += st.nbytes()
-    return total
+    from .forecasting import _unique_storages
+
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    return sum(n for n, _ in _unique_storages(grads, set()))
 
 
 def lightning_step_peak(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop()) -> int:

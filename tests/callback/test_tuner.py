@@ -55,33 +55,30 @@ def test_plan_memory_validates_arguments() -> None:
         plan_memory(trainer, TinyNet(), budget=2)
 
 
-def test_plan_memory_plans_the_step_fit_runs_mixed_precision_and_accumulation() -> None:
-    def trainer(**kw: object) -> Trainer:
-        return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
-                       enable_progress_bar=False, enable_model_summary=False, **kw)  # type: ignore[arg-type]
+def _trainer(**kw: object) -> Trainer:
+    return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
+                   enable_progress_bar=False, enable_model_summary=False, **kw)  # type: ignore[arg-type]
 
+
+def test_plan_memory_plans_the_step_fit_runs_mixed_precision_and_accumulation() -> None:
     model = TinyNet(width=64, batches=8)
-    plain = plan_memory(trainer(), model, budget=0.5, backend="aot_eager")
-    fitted = plan_memory(trainer(precision="bf16-mixed", accumulate_grad_batches=2), model, budget=0.5,
+    plain = plan_memory(_trainer(), model, budget=0.5, backend="aot_eager")
+    fitted = plan_memory(_trainer(precision="bf16-mixed", accumulate_grad_batches=2), model, budget=0.5,
                          backend="aot_eager")
     assert fitted.predicted_peak_bytes != plain.predicted_peak_bytes
     # what the callback forecasts inside fit, in the precision plugin's context and with accumulation
     cb = MemPlanCallback(plan=fitted, backend="aot_eager", measure_batches=4)
-    trainer(precision="bf16-mixed", accumulate_grad_batches=2, callbacks=[cb]).fit(model)
+    _trainer(precision="bf16-mixed", accumulate_grad_batches=2, callbacks=[cb]).fit(model)
     assert cb.fallback_reason is None
     assert cb.plan.predicted_peak_bytes == fitted.predicted_peak_bytes
 
 
 def test_plan_memory_plans_a_submodule_and_the_callback_reuses_it() -> None:
-    def trainer(**kw: object) -> Trainer:
-        return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
-                       enable_progress_bar=False, enable_model_summary=False, **kw)  # type: ignore[arg-type]
-
     wrapper = Wrapper()
     with pytest.raises(RuntimeError, match=r'`submodule="model"` for `self\.model\(x\)`'):
-        plan_memory(trainer(), wrapper, budget=0.5, backend="aot_eager")
-    plan = plan_memory(trainer(), wrapper, budget=0.5, backend="aot_eager", submodule="model")
+        plan_memory(_trainer(), wrapper, budget=0.5, backend="aot_eager")
+    plan = plan_memory(_trainer(), wrapper, budget=0.5, backend="aot_eager", submodule="model")
     assert plan.predicted_peak_bytes and "forward" not in wrapper.model.__dict__
     cb = MemPlanCallback(plan=plan, backend="aot_eager", submodule="model")
-    trainer(callbacks=[cb]).fit(wrapper)
+    _trainer(callbacks=[cb]).fit(wrapper)
     assert cb.fallback_reason is None and cb.plan.predicted_peak_bytes == plan.predicted_peak_bytes
