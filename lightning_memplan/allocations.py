@@ -75,6 +75,9 @@ class RegionTrace:
     forward: GraphTrace
     backward: GraphTrace | None
     grad_copy: int = 0
+    #: Whether the backward keeps one of the forward's activation inputs; when not, the previous
+    #: region's outputs die once this forward has run (see :func:`stitch_step`).
+    keeps_inputs: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,7 +212,8 @@ def stitch_step(
     Forwards run in order; a forward's results stay live. Backwards run in reverse: region ``r``'s
     saved activations are its forward's results (same key, else same size and device); its other
     forward results (the outputs region ``r + 1`` consumed) are freed when its backward starts,
-    except in the last region (the loss stays). Its incoming gradients are the blocks the previous
+    except in the last region (the loss stays), or as soon as region ``r + 1``'s forward has run
+    when that region keeps none of its activation inputs (``keeps_inputs``). Its incoming gradients are the blocks the previous
     backward returned (same size), else allocated fresh at the start (the loss's gradient). A
     backward's new results are gradients; they live until ``zero_grad`` after the ``optimizer``
     events (local keys), or until the step ends. Everything still live at the end is freed.
@@ -236,11 +240,34 @@ def stitch_step(
                 if g is not None:
                     _free_all(out, live, (g,))
 
+    def saved_of(r: RegionTrace, results: dict[Hashable, int]) -> tuple[dict[Hashable, int | None], list[int]]:
+        """Match ``r``'s backward's saved inputs to its forward's live results (same key, else same
+        size and device): ``{input key: global key or None}``, and the results left (its outputs)."""
+        assert r.backward is not None
+        unmatched = [g for g in results.values() if g in live]
+        found: dict[Hashable, int | None] = {}
+        for e in r.backward.inputs:
+            if e.key in r.backward.tangent_keys:
+                continue
+            g = results.get(e.key)
+            if g is not None and g in unmatched:
+                unmatched.remove(g)
+            else:
+                g = _take(unmatched, live, e.nbytes, e.device)
+            found[e.key] = g
+        return found, unmatched
+
     fw_results: list[dict[Hashable, int]] = []
-    for r in regions:
+    matched: dict[int, dict[Hashable, int | None]] = {}  # regions whose outputs died early
+    for j, r in enumerate(regions):
         mapping: dict[Hashable, int] = {e.key: alloc(e) for e in r.forward.inputs}
         run(r.forward.events, mapping)
         fw_results.append(mapping)
+        prev = regions[j - 1] if j else None
+        if prev is not None and prev.backward is not None and not r.keeps_inputs:
+            # this backward keeps none of its activation inputs: the previous outputs die now
+            matched[j - 1], outputs = saved_of(prev, fw_results[j - 1])
+            _free_all(out, live, outputs)
 
     grads: list[int] = []  # every gradient still live
     returned: list[int] = []  # what the previous backward returned
@@ -251,18 +278,15 @@ def stitch_step(
         if bw is None:
             continue
         mapping = {}
-        unmatched = [g for g in results.values() if g in live]
+        k = len(regions) - 1 - i
+        found, unmatched = (matched[k], []) if k in matched else saved_of(r, results)
         for e in bw.inputs:
             if e.key in bw.tangent_keys:
                 g = _take(returned, live, e.nbytes, e.device) if not last else None
                 if g is not None:
                     grads.remove(g)
             else:
-                g = results.get(e.key)
-                if g is not None and g in unmatched:
-                    unmatched.remove(g)
-                else:
-                    g = _take(unmatched, live, e.nbytes, e.device)
+                g = found.get(e.key)
             mapping[e.key] = g if g is not None else alloc(e)
         if not last:  # this region's outputs, consumed by the next region, die here
             _free_all(out, live, unmatched)

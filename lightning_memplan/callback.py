@@ -41,7 +41,7 @@ from .planner import (
     resolve_submodule,
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
-from .strategy import decide_on_rank_zero, max_over_ranks
+from .strategy import decide_on_rank_zero, forward_has_collectives, max_over_ranks
 from .units import format_bytes
 
 __all__ = ["MemPlanCallback", "MemPlanWarning"]
@@ -307,11 +307,15 @@ class MemPlanCallback(Callback):
         return fn(*args, **kwargs)
 
     def _activate(self) -> None:
-        """Decide the plan (rank 0, broadcast), wrap blocks, forecast and compile. Never raises."""
+        """Decide the plan (rank 0's, broadcast), wrap blocks, forecast and compile. Never raises."""
         trainer = self._trainer
         t0 = time.perf_counter()
         try:
-            plan = decide_on_rank_zero(trainer.strategy, self._decide) if trainer is not None else self._decide()
+            if trainer is None:
+                plan = self._decide()
+            else:  # FSDP / tensor parallel: the candidates' forecasts all-gather, every rank runs them
+                lockstep = self._module is not None and forward_has_collectives(self._module)
+                plan = decide_on_rank_zero(trainer.strategy, self._decide, all_ranks_run=lockstep)
         except Exception as exc:  # noqa: BLE001 - planning failure: train unplanned
             self._fall_back(f"planning failed: {exc!r}")
             return

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
@@ -216,6 +217,9 @@ class RegionCapture:
     #: Replay of the allocations inductor's generated wrapper makes (buffer reuse included).
     fw_wrapper: ScheduleEstimate | None = None
     bw_wrapper: ScheduleEstimate | None = None
+    #: Per graph input (in order): whether it is a parameter (or not a tensor) rather than an
+    #: activation; ``None`` when unknown.
+    param_inputs: tuple[bool, ...] | None = None
     #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
     compile_seconds: float = 0.0
     #: Seconds spent recording inside that time (graph snapshots, inductor schedule estimates).
@@ -478,6 +482,12 @@ class MemplanBackend:
         # scope while a sweep partitions copies of one graph; None outside sweeps
         self._min_cut_scope: tuple[int, int, tuple[str, ...]] | None = None
         self._partition_calls: dict[int, int] = {}
+        #: Indices of the regions called while ``recording`` is on, in call order (capture only). A
+        #: region that runs several times in a step appears each time: one compiled block called in
+        #: a loop with a graph break in it, or one FSDP unit's forward per ``fully_shard``ed module.
+        self.executions: list[int] = []
+        #: Whether calls of the compiled regions are appended to ``executions``.
+        self.recording = False
 
     def sweep_regions(self, budget: float, checkpoint: Sequence[str] = ()) -> list[RegionCapture]:
         """The regions captured for a sweep plan, one per compiled region, in order: the backend's
@@ -540,6 +550,8 @@ class MemplanBackend:
 
         t0 = time.perf_counter()
         region = RegionCapture(index=len(self.regions))
+        region.param_inputs = tuple(not isinstance(e, torch.Tensor) or isinstance(e, nn.Parameter)
+                                    for e in example_inputs)
         self.regions.append(region)
         for regions in (*self._sweep_regions.values(), *self._remat_regions.values()):
             regions.append(RegionCapture(index=region.index))
@@ -553,10 +565,24 @@ class MemplanBackend:
             stack.enter_context(self._probes(region))
             try:
                 if self.inner == "inductor":
-                    return self._inductor(gm, example_inputs, region)
-                return self._aot_eager(gm, example_inputs, region)
+                    compiled = self._inductor(gm, example_inputs, region)
+                else:
+                    compiled = self._aot_eager(gm, example_inputs, region)
             finally:
                 region.compile_seconds += time.perf_counter() - t0
+        return self._counted(compiled, region.index) if self.capture else compiled
+
+    def _counted(self, fn: Callable[..., Any], index: int) -> Callable[..., Any]:
+        """``fn`` (region ``index``'s compiled forward), appending ``index`` to ``executions`` at
+        each call while ``recording``."""
+        executions = self.executions
+
+        def memplan_region(*args: Any, **kwargs: Any) -> Any:
+            if self.recording:
+                executions.append(index)
+            return fn(*args, **kwargs)
+
+        return memplan_region
 
     def _record_graph(self, region: RegionCapture, gm: fx.GraphModule, is_backward: bool) -> None:
         if not self.capture:

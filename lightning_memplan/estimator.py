@@ -338,6 +338,9 @@ class RegionMemory:
     #: Bytes of the largest gradient the backward returns in a non-contiguous layout: autograd
     #: copies it into a contiguous tensor (``AccumulateGrad``'s layout contract) after the graph.
     grad_copy_bytes: int = 0
+    #: Whether the backward reads one of the forward's activation inputs (an input that is not a
+    #: parameter; it then stays live until this backward); ``None`` when unknown.
+    saves_activation_inputs: bool | None = None
     #: Storage keys of the backward's incoming gradients (among ``bw.inputs``).
     tangent_keys: frozenset[int] = frozenset()
 
@@ -348,6 +351,7 @@ def profile_region(
     *,
     devices: Collection[str] | None = None,
     workspace: Callable[[fx.Node], int] | None = None,
+    activation_inputs: Collection[str] | None = None,
 ) -> RegionMemory:
     """Profile a partitioned forward graph and its backward graph together.
 
@@ -357,6 +361,8 @@ def profile_region(
     backward placeholder shares a storage with the forward (graphs copied after fake propagation
     re-ran), names decide: ``primals_*`` baseline, ``tangents_*`` tangent, others saved.
     ``workspace`` gives kernel scratch bytes per node (see :class:`MemoryReplay`).
+    ``activation_inputs``: names of the forward's placeholders that are activations (not
+    parameters), to tell whether the backward keeps one (``saves_activation_inputs``).
     """
     fws = GraphStorages(fw_graph)
     fw = profile_graph(fw_graph, devices=devices, storages=fws, workspace=workspace)
@@ -389,6 +395,10 @@ def profile_region(
         keys = st.keys_of(names) & st.input_keys
         return sum(st.nbytes[k] for k in keys if devices is None or st.device[k] in devices)
 
+    saves_acts: bool | None = None
+    if activation_inputs is not None and shared:
+        act_keys = fws.keys_of(activation_inputs) & fws.input_keys
+        saves_acts = any(set(bws.produced[p.name]) & act_keys for p in placeholders if p.name not in tangents)
     copies = [
         t.numel() * t.element_size()
         for src in bw_graph.find_nodes(op="output")[0].all_input_nodes
@@ -405,4 +415,5 @@ def profile_region(
         gradient_bytes=sum(bws.nbytes[k] for k in grad_keys if devices is None or bws.device[k] in devices),
         matched_by="storage" if shared else "name",
         tangent_keys=frozenset(bws.keys_of(tangents) & bws.input_keys),
+        saves_activation_inputs=saves_acts,
     )

@@ -122,6 +122,10 @@ class RegionForecast:
     saved_bytes: int
     #: Gradients the backward returns.
     gradient_bytes: int
+    #: Times one training step runs this region (> 1: one compiled graph called again, e.g. a block
+    #: with a graph break inside a loop, or each FSDP unit's forward); every call's saved activations
+    #: are laid out in the step.
+    calls: int = 1
     #: The captured (forward, backward) graph modules the peer estimate reads.
     _graphs: tuple[Any, Any] = field(default=(None, None), repr=False, compare=False)
 
@@ -236,8 +240,13 @@ def _no_side_effects(model: nn.Module, devices: list[int]) -> Any:
 def _region_memory(region: RegionCapture, every_op: bool) -> RegionMemory:
     if region.fw_graph is None:
         raise RuntimeError(f"region {region.index}: no forward graph was captured")
+    # the partitioned forward's placeholders are the region's inputs, in order
+    holders = [n.name for n in region.fw_graph.graph.nodes if n.op == "placeholder"]
+    flags = region.param_inputs
+    acts = ([name for name, is_param in zip(holders, flags) if not is_param]
+            if flags is not None and len(flags) == len(holders) else None)
     return profile_region(region.fw_graph.graph, region.bw_graph.graph if region.bw_graph is not None else None,
-                          workspace=functools.partial(probe_workspace, every_op=every_op))
+                          workspace=functools.partial(probe_workspace, every_op=every_op), activation_inputs=acts)
 
 
 def _torch_fx_peak(fw_graph: Any, bw_graph: Any) -> int | None:
@@ -273,6 +282,9 @@ class _Plan:
     #: The same step as allocations and frees, for the allocator model; ``None`` when the
     #: estimate has no per-storage detail (inductor's scheduler estimate).
     trace: RegionTrace | None = None
+    #: Whether the backward keeps one of the forward's activation inputs (unknown: ``True``). When it
+    #: keeps none, the previous region's outputs die once this forward has run (see :func:`_layout`).
+    keeps_inputs: bool = True
 
 
 def _workspaces(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> dict[int, tuple[int, str]]:
@@ -324,6 +336,7 @@ def _wrapper_trace(est: ScheduleEstimate, steps: dict[int, tuple[int, str]], tag
 
 def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Plan:
     bw = mem.bw
+    keeps = mem.saves_activation_inputs is not False
     fx_plan = _Plan(
         index=region.index, method="fx",
         fw_nodes=mem.fw.order, fw_timeline=mem.fw.timeline or (0,), fw_retained=mem.fw_retained_bytes,
@@ -337,7 +350,8 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
             forward=GraphTrace(inputs=mem.fw.inputs, events=mem.fw.events),
             backward=(GraphTrace(inputs=bw.inputs, tangent_keys=frozenset(mem.tangent_keys), events=bw.events)
                       if bw is not None else None),
-            grad_copy=mem.grad_copy_bytes),
+            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps),
+        keeps_inputs=keeps,
     )
     if not use_scheduler:
         return fx_plan
@@ -358,7 +372,7 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         held = tuple(e for e in bw.inputs if e.key in mem.tangent_keys) if bw is not None else ()
         trace = RegionTrace(forward=_wrapper_trace(fs, fw_ws, "fw"),
                             backward=_wrapper_trace(bs, bw_ws, "bw", held) if bs is not None else None,
-                            grad_copy=mem.grad_copy_bytes)
+                            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps)
     return _Plan(
         index=region.index, method=method,
         fw_nodes=tuple(f"sched{i}" for i in range(len(fw_tl))), fw_timeline=tuple(fw_tl),
@@ -371,14 +385,25 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         tangents_in_timeline=False,  # inductor does not count tangents (non-freeable inputs)
         grad_copy=mem.grad_copy_bytes,
         trace=trace,
+        keeps_inputs=keeps,
     )
+
+
+def _executed(plans: list[_Plan], executions: Sequence[int]) -> list[_Plan]:
+    """``plans`` in the order the step ran them, once per call (``executions``: region indices;
+    regions without a plan are skipped); ``plans`` as they are when nothing was recorded."""
+    by_index = {p.index: p for p in plans}
+    run = [by_index[i] for i in executions if i in by_index]
+    return run if run else list(plans)
 
 
 def _layout(plans: list[_Plan], opt: OptimizerMemory | None) -> tuple[list[TimelineStep], int, tuple[int, int, int]]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
 
     Regions form a chain: region ``r``'s user outputs feed region ``r + 1`` and live until region
-    ``r``'s backward starts; the gradients region ``r + 1``'s backward returned are region ``r``'s
+    ``r``'s backward starts, unless region ``r + 1``'s backward keeps none of its activation inputs
+    (``keeps_inputs``): then nothing holds them once ``r + 1``'s forward has run (the Python frame
+    between two graph breaks inside a block ends), and they die there. The gradients region ``r + 1``'s backward returned are region ``r``'s
     tangents (handed over, up to what it returned; a non-contiguous one is copied by AOTAutograd, so
     counted again). The last region's outputs (the loss) stay. After each backward, a non-contiguous
     gradient is copied once (``grad_copy``, transient).
@@ -388,12 +413,16 @@ def _layout(plans: list[_Plan], opt: OptimizerMemory | None) -> tuple[list[Timel
     best = (0, (0, 0, 0))
     offset = 0
     grads = 0
-    for p in plans:
+    dropped = [False] * len(plans)  # outputs freed after the next forward
+    for j, p in enumerate(plans):
         for node, b in zip(p.fw_nodes, p.fw_timeline):
             timeline.append(TimelineStep(phase="forward", region=p.index, node=node, bytes=offset + b))
         if offset + max(p.fw_timeline) > best[0]:
             best = (offset + max(p.fw_timeline), (offset + max(p.fw_timeline) - grads, grads, 0))
         offset += p.fw_retained
+        if j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline:
+            dropped[j - 1] = True
+            offset -= plans[j - 1].fw_retained - plans[j - 1].saved
     produced = 0  # gradients the previous backward returned
     for i, p in enumerate(reversed(plans)):
         if not p.bw_timeline:
@@ -401,7 +430,8 @@ def _layout(plans: list[_Plan], opt: OptimizerMemory | None) -> tuple[list[Timel
         last = i == 0
         handed = 0 if last else min(p.tangents, produced)  # gradients of this region's outputs, live
         grads -= handed
-        start = offset - p.saved - (0 if last else p.fw_retained - p.saved)
+        gone = last or dropped[len(plans) - 1 - i]
+        start = offset - p.saved - (0 if gone else p.fw_retained - p.saved)
         if p.tangents_in_timeline:
             start -= handed
         for node, b in zip(p.bw_nodes, p.bw_timeline):
@@ -480,8 +510,13 @@ def _compile_step(
 
     devices = sorted({t.device.index or 0 for t in [*params, *inputs] if t.device.type == "cuda"})
     t0 = time.perf_counter()
-    with _no_side_effects(model, devices):
-        _backward_without_hooks(compiled(*inputs), [*params, *inputs])
+    be.executions.clear()
+    be.recording = True  # which regions one step runs, and how often
+    try:
+        with _no_side_effects(model, devices):
+            _backward_without_hooks(compiled(*inputs), [*params, *inputs])
+    finally:
+        be.recording = False
     return step, params, time.perf_counter() - t0
 
 
@@ -540,7 +575,7 @@ def forecast(
 
     return _assemble(be, be.regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
                      inner=inner, budget=b, solver_name=solver_name, compile_seconds=compile_seconds,
-                     step=step, stacklevel=3)
+                     step=step, stacklevel=3, executions=tuple(be.executions))
 
 
 def _assemble(
@@ -559,8 +594,13 @@ def _assemble(
     stacklevel: int,
     extra_seconds: float = 0.0,
     opt_mem: OptimizerMemory | None = None,
+    executions: Sequence[int] = (),
 ) -> Forecast:
-    """The Forecast of one plan from its captured regions (after the compiling run)."""
+    """The Forecast of one plan from its captured regions (after the compiling run).
+
+    ``executions``: the region indices the compiling run called, in order (a region called several
+    times is laid out once per call); empty: each region once, in compile order.
+    """
     t1 = time.perf_counter()
     problems: list[str] = [f"region {r.index}: {e}" for r in be_regions for e in r.errors]
     seen: set[int] = set()
@@ -593,6 +633,7 @@ def _assemble(
             index=region.index, graph_id=region.graph_id, decision=region.decision, knapsack=region.knapsack,
             method=plan.method, fw_peak_bytes=max(plan.fw_timeline), bw_peak_bytes=plan.bw_peak,
             saved_bytes=plan.saved, gradient_bytes=plan.gradients,
+            calls=max(1, list(executions).count(region.index)),
             _graphs=(region.fw_graph, region.bw_graph),
         ))
     if not be_regions:
@@ -606,10 +647,11 @@ def _assemble(
     allocator: AllocatorForecast | None = None
     requested: int | None = None
     if plans:
-        timeline, peak, (acts, grads, temps) = _layout(plans, opt_mem)
+        run = _executed(plans, executions)
+        timeline, peak, (acts, grads, temps) = _layout(run, opt_mem)
         requested = peak
         breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps)
-        allocations = _allocations(plans, opt_mem, [s for v in storages.values() for s in v])
+        allocations = _allocations(run, opt_mem, [s for v in storages.values() for s in v])
         device = params[0].device.type if params else "cpu"
         consistent = allocations is not None and allocations.requested_peak_bytes == requested
         if allocations is not None and not consistent:
@@ -766,7 +808,7 @@ def _grid(
                              compile_seconds=compile_seconds, step=run_step, stacklevel=4,
                              extra_seconds=(sum(r.compile_seconds for r in regions)
                                             if run_step is not step else 0.0),
-                             opt_mem=opt_mem)
+                             opt_mem=opt_mem, executions=tuple(be.executions))
     return out
 
 

@@ -1,7 +1,9 @@
 """The distributed side of planning, over Lightning's ``Strategy`` (Lightning is the engine).
 
-* :func:`decide_on_rank_zero`: rank 0 runs the decision, every rank receives the same result (a
-  failure on rank 0 is sent too, so no rank waits forever);
+* :func:`decide_on_rank_zero`: rank 0's decision, received by every rank (a failure on rank 0 is sent
+  too, so no rank waits forever). When the planned forward issues collectives itself (FSDP's
+  all-gathers, tensor parallelism: :func:`forward_has_collectives`) every rank runs the decision in
+  lockstep, since the candidates' forecasts run that forward, and rank 0's result is kept;
 * :func:`max_over_ranks`: the largest measured peak over all ranks, for logging.
 
 Single-device strategies pass through. The compile itself is applied to the LightningModule's own
@@ -14,27 +16,47 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+from torch import nn
 
-__all__ = ["decide_on_rank_zero", "max_over_ranks"]
+__all__ = ["decide_on_rank_zero", "forward_has_collectives", "max_over_ranks"]
 
 T = TypeVar("T")
 
 
-def decide_on_rank_zero(strategy: Any, decide: Callable[[], T]) -> T:
-    """Run ``decide()`` on global rank 0 only and return its result on every rank.
+def forward_has_collectives(module: nn.Module) -> bool:
+    """Whether running ``module``'s forward issues collectives on its own: some of its parameters
+    are sharded by FSDP (FSDP2's ``fully_shard``, as in Lightning's ``ModelParallelStrategy``, or
+    FSDP1's ``FullyShardedDataParallel``, Lightning's ``FSDPStrategy``) or are DTensors (tensor
+    parallelism). Their forward all-gathers, so every rank must run it together. DDP's collectives
+    are in its wrapper's backward hooks, which a forecast bypasses: ``False`` there."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in module.modules()):
+        return True
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def decide_on_rank_zero(strategy: Any, decide: Callable[[], T], *, all_ranks_run: bool = False) -> T:
+    """Rank 0's ``decide()``, returned on every rank.
 
     ``strategy`` is ``trainer.strategy`` (anything with ``global_rank``, ``world_size`` and
-    ``broadcast(obj, src)``). The result must be picklable. An exception on rank 0 is re-raised on
-    every rank (as a ``RuntimeError`` naming it on the others).
+    ``broadcast(obj, src)``). The result must be picklable. By default only rank 0 runs ``decide()``
+    while the others wait for its result. With ``all_ranks_run`` every rank runs it (needed when it
+    runs collectives, see :func:`forward_has_collectives`; the ranks must reach them in the same
+    order) and rank 0's result replaces the others'. An exception on rank 0 is re-raised on every
+    rank (as a ``RuntimeError`` naming it on the others).
     """
     if getattr(strategy, "world_size", 1) <= 1:
         return decide()
     payload: tuple[str, Any] | None = None
-    if strategy.global_rank == 0:
+    if strategy.global_rank == 0 or all_ranks_run:
         try:
             payload = ("ok", decide())
         except Exception as exc:  # noqa: BLE001 - sent to every rank, then raised
             payload = ("error", exc)
+    if strategy.global_rank != 0:
+        payload = None  # rank 0's result wins
     status, value = strategy.broadcast(payload, src=0)
     if status == "error":
         if strategy.global_rank == 0:

@@ -146,6 +146,39 @@ def test_graph_breaks_are_forecast_per_region(make_mlp: Callable[..., nn.Module]
     assert abs(rel_error(fc)) <= 0.05
 
 
+class _BreakBlock(nn.Module):
+    """A residual MLP block with a graph break at ``where``: dynamo compiles the block's code once
+    (two regions when the break is inside) and runs it for every block."""
+
+    def __init__(self, width: int, where: str) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.where = nn.Linear(width, 4 * width), nn.Linear(4 * width, width), where
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.where == "start":
+            torch._dynamo.graph_break()
+        h = torch.nn.functional.gelu(self.fc1(x))
+        if self.where == "inside":  # h is this frame's local: it dies when the block returns
+            torch._dynamo.graph_break()
+        return x + self.fc2(torch.tanh(h))
+
+
+@pytest.mark.parametrize("where", ["start", "inside"])
+def test_a_region_run_several_times_is_laid_out_per_call(where: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_BreakBlock(64, where) for _ in range(4)], nn.Linear(64, 1))
+    x = torch.randn(256, 64)
+    torch._dynamo.reset()
+    fc = forecast(model, (x,), budget=1.0, backend="aot_eager", optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+    assert fc.status == "ok", fc.problems
+    # one compiled block code, called by three of the four blocks (the first is inlined in the
+    # Sequential's own frame); before: laid out once, -36% (start) and -28% (inside)
+    assert max(r.calls for r in fc.regions) == 3
+    assert sum(r.calls for r in fc.regions) == len(fc._backend.executions) > len(fc.regions)
+    check_allocations(fc)
+    assert abs(rel_error(fc)) <= 0.02
+
+
 def test_capture_failure_is_reported_and_step_still_trains(
     monkeypatch: pytest.MonkeyPatch, make_mlp: Callable[..., nn.Module]
 ) -> None:
