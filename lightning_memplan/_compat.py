@@ -349,6 +349,14 @@ def torch_fx_peak_estimate(fw_graph: torch.fx.Graph, bw_graph: torch.fx.Graph) -
 
 
 # --------------------------------------------------------------------------- tensors and pytrees
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: a DTensor's local shard (FSDP2, tensor parallelism), else ``t``."""
+    to_local = getattr(t, "to_local", None)
+    if to_local is not None and type(t).__name__ == "DTensor":
+        return to_local()
+    return t
+
+
 def storage_key(t: torch.Tensor) -> int:
     """Identity of ``t``'s storage (stable while the storage is alive; FakeTensors included)."""
     return int(t.untyped_storage()._cdata)

@@ -366,6 +366,13 @@ class MemPlanCallback(Callback):
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
             self._fall_back(f"installing the plan failed: {exc!r}")
             return
+        if fc is not None and forward_has_collectives(module):
+            warnings.warn(
+                "MemPlanCallback: the parameters are sharded (FSDP or tensor parallelism). The forecast "
+                "counts this rank's shards of the parameters, gradients and optimizer state, and the "
+                "activations of the compiled graphs; the unsharded parameters FSDP all-gathers for each "
+                "unit and its all-gather and reduce-scatter buffers are not forecast yet, so the measured "
+                "peak (memplan/measured_peak_bytes) will be higher than predicted.", MemPlanWarning, stacklevel=2)
         self.forecast = fc
         self.plan = plan
         if not (self._replan and self._max_memory is not None and not self._replanned):

@@ -193,9 +193,10 @@ class Forecast:
 
 # --------------------------------------------------------------------------- helpers
 def _unique_storages(tensors: Sequence[torch.Tensor], seen: set[int]) -> list[tuple[int, str]]:
-    """(bytes, device type) of each storage not in ``seen`` (which it extends), in order."""
+    """(bytes, device type) of each storage not in ``seen`` (which it extends), in order; of a
+    DTensor (FSDP2's sharded parameters, their gradients), this rank's local shard."""
     out: list[tuple[int, str]] = []
-    for t in tensors:
+    for t in map(_compat.local_tensor, tensors):  # a DTensor: this rank's shard
         key = _compat.storage_key(t)
         if key not in seen:
             seen.add(key)

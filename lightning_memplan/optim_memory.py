@@ -93,9 +93,10 @@ def _unique_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def _unique_storages(tensors: list[torch.Tensor], meta_device: str) -> tuple[tuple[int, str], ...]:
-    """(bytes, device type) of each distinct storage, in first-seen order; ``meta`` read as ``meta_device``."""
+    """(bytes, device type) of each distinct storage, in first-seen order; ``meta`` read as
+    ``meta_device``; of a DTensor, this rank's local shard."""
     seen: dict[int, tuple[int, str]] = {}
-    for t in tensors:
+    for t in map(_compat.local_tensor, tensors):
         dev = meta_device if t.device.type == "meta" else t.device.type
         seen.setdefault(_compat.storage_key(t), (int(t.untyped_storage().nbytes()), dev))
     return tuple(seen.values())
@@ -106,6 +107,7 @@ def _state_tensors(state: Any) -> list[torch.Tensor]:
 
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    t = _compat.local_tensor(t)  # a DTensor's state: this rank's shard
     # CPU scalars (Adam's non-capturable `step`) stay real: the step reads them with .item()
     if t.device.type == "cpu" and t.dim() == 0:
         return t.detach().clone()
@@ -122,7 +124,9 @@ def optimizer_memory(optimizer: torch.optim.Optimizer) -> OptimizerMemory:
     has_state = len(optimizer.state) > 0
     try:
         fused, foreach = _compat.default_fused_or_foreach(params)
-        meta = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+        # sharded parameters (DTensors) are stepped shard by shard: simulate this rank's shards
+        meta = {id(p): torch.nn.Parameter(torch.empty_like(_compat.local_tensor(p), device="meta"),
+                                          requires_grad=p.requires_grad)
                 for p in params}
         groups = []
         for g in optimizer.param_groups:

@@ -132,13 +132,17 @@ class BoundForward(nn.Module):
 
 
 def grad_bytes(module: nn.Module) -> int:
-    """Bytes of the gradients of ``module``'s trainable parameters (unique parameters)."""
+    """Bytes of the gradients of ``module``'s trainable parameters (unique parameters; of a sharded
+    parameter, a DTensor, this rank's shard)."""
+    from ._compat import local_tensor
+
     seen: set[int] = set()
     total = 0
     for p in module.parameters():
         if p.requires_grad and id(p) not in seen:
             seen.add(id(p))
-            total += p.numel() * p.element_size()
+            t = local_tensor(p)
+            total += t.numel() * t.element_size()
     return total
 
 

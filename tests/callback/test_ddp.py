@@ -25,3 +25,25 @@ def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
     logged = [float(r["memplan/measured_peak_bytes"]) for r in rows if r.get("memplan/measured_peak_bytes")]
     # the logged value is the max over ranks
     assert logged == [max(max(r["measured"][0]) for r in ranks)]
+
+
+def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path: Path) -> None:
+    """FSDP2 (``fully_shard`` under Lightning's ModelParallelStrategy): the forward all-gathers, so the
+    candidates' forecasts must run on every rank (rank 0 alone hung in its first all-gather)."""
+    script = Path(__file__).with_name("fsdp_script.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["fallback"] is None and ranks[1]["fallback"] is None
+    assert ranks[0]["budget"] == ranks[1]["budget"]
+    assert ranks[0]["candidates"] == ranks[1]["candidates"] == 3
+    assert all(r["measured"] and r["measured"][0] for r in ranks)
+    # the baseline counts this rank's shards (DTensor.to_local), not the full parameters (the root
+    # unit's own parameters, the head, are unsharded while the forecast runs inside the forward)
+    assert ranks[0]["local_parameter_bytes"] <= ranks[0]["parameters"] < 0.6 * ranks[0]["full_parameter_bytes"]
+    # what the forecast leaves out is said, not hidden
+    assert any("FSDP" in w and "all-gather" in w for w in ranks[0]["warnings"]), ranks[0]["warnings"]
+    print(f"\nFSDP2 2 ranks budget {ranks[0]['budget']}: predicted {ranks[0]['predicted']} B, "
+          f"measured {[r['measured'][0] for r in ranks]} B")

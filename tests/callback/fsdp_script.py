@@ -1,0 +1,65 @@
+"""Run by test_ddp.py as a script: 2 CPU processes (gloo) under Lightning's ModelParallelStrategy,
+each block sharded with FSDP2's ``fully_shard`` in ``configure_model``.
+
+Each rank writes what it planned and measured to OUT_DIR/rank{r}.json.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
+from models import TinyNet  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+from lightning_memplan import MemPlanCallback  # noqa: E402
+from lightning_memplan.callback import MemPlanWarning  # noqa: E402
+
+
+class ShardedNet(TinyNet):
+    """TinyNet whose blocks and root are FSDP2 units, as Lightning's FSDP2 examples shard."""
+
+    def configure_model(self) -> None:
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self, mesh=mesh)
+
+
+def main(out_dir: str) -> None:
+    cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
+                         remat_budgets=(0.4,))
+    trainer = Trainer(
+        max_epochs=1, accelerator="cpu", devices=2, callbacks=[cb],
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        logger=CSVLogger(out_dir), enable_checkpointing=False, enable_model_summary=False,
+        enable_progress_bar=False,
+    )
+    model = ShardedNet(width=64, batches=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MemPlanWarning)
+        trainer.fit(model)
+    rank = trainer.global_rank
+    shards = {p.to_local().untyped_storage()._cdata: p.to_local().untyped_storage().nbytes()
+              for p in model.parameters()}  # FSDP2 pads each shard's storage
+    full = sum(p.numel() * p.element_size() for p in model.parameters())
+    plan = cb.plan
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "budget": plan.budget if plan else None,
+        "candidates": len(plan.candidates) if plan else 0,
+        "fallback": cb.fallback_reason, "measured": cb.measured,
+        "predicted": plan.predicted_peak_bytes if plan else None,
+        "parameters": plan.breakdown.get("parameters") if plan else None,
+        "local_parameter_bytes": sum(shards.values()), "full_parameter_bytes": full,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)],
+    }))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
