@@ -4,6 +4,10 @@
     python benchmarks/forecast.py                     # all rows (CPU: ~5 min on 2 cores)
     python benchmarks/forecast.py --backends aot_eager_decomp_partition --models mlp
 
+Models: ``mlp`` (6 linear layers), ``gpt`` (2 attention blocks), ``cnn`` (batch norm), ``breaks`` (4
+residual MLP blocks with a graph break inside each: dynamo compiles the block's two halves once and
+runs them per block, so the step calls its regions 9 times).
+
 Each row compiles one training step (forward, ``y.pow(2).mean()``, backward, AdamW step, zero_grad)
 with ``lightning_memplan.forecast``, runs one warm-up step, then measures one step with
 ``lightning_memplan.measure.PeakWindow`` (as ``measure_peak``; CPU: profiler memory events; CUDA: allocator statistics).
@@ -94,7 +98,26 @@ def cnn() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return net, (torch.randn(32, 3, 32, 32),)
 
 
-MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {"mlp": mlp, "gpt": gpt, "cnn": cnn}
+class BrokenBlock(nn.Module):
+    """A residual MLP block with a graph break inside: dynamo compiles its two halves once and runs
+    them for every block (each call's activations must be forecast)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(x))
+        torch._dynamo.graph_break()
+        return x + self.fc2(torch.tanh(h))
+
+
+def breaks() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return nn.Sequential(*[BrokenBlock(256) for _ in range(4)], nn.Linear(256, 1)), (torch.randn(512, 256),)
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
+    "mlp": mlp, "gpt": gpt, "cnn": cnn, "breaks": breaks}
 BACKENDS = ("aot_eager_decomp_partition", "inductor")
 BUDGETS = (1.0, 0.5, 0.2)
 
@@ -127,6 +150,13 @@ def trace_step(fc: object) -> str:
     return f"{sum(real.values())}/{sum(ours.values())}, {found / max(sum(ours.values()), 1):.0%}"
 
 
+def _regions(fc: object) -> str:
+    """Compiled regions, and the calls of them one step makes when a region runs more than once."""
+    regions = fc.regions  # type: ignore[attr-defined]
+    calls = sum(getattr(r, "calls", 1) for r in regions)
+    return str(len(regions)) if calls == len(regions) else f"{len(regions)} ({calls} calls)"
+
+
 def run_row(model_name: str, backend: str, budget: float, device: str, trace: bool = False) -> dict[str, object]:
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -153,7 +183,7 @@ def run_row(model_name: str, backend: str, budget: float, device: str, trace: bo
                 cuda["trace real/ours, sizes found"] = f"failed: {exc!r}"[:60]
     return {
         "model": model_name, "backend": "inductor" if backend == "inductor" else "aot_eager_d_p",
-        "budget": budget, "regions": len(fc.regions), "partitioner": ",".join(reasons) or "n/a",
+        "budget": budget, "regions": _regions(fc), "partitioner": ",".join(reasons) or "n/a",
         "predicted MiB": _mib(fc.peak_bytes), "measured MiB": _mib(meas), "error": _err(fc.peak_bytes, meas),
         "requested MiB": _mib(requested), "requested forecast MiB": _mib(fc.requested_peak_bytes),
         "error vs requested": _err(fc.requested_peak_bytes, requested),

@@ -57,6 +57,22 @@ def check_torch_version() -> None:
 
 
 # --------------------------------------------------------------------------- graph modules
+def isolated_compile_kwargs() -> dict[str, Any]:
+    """``{"isolate_recompiles": True}`` where ``torch.compile`` takes it (torch >= 2.13), else ``{}``.
+
+    Every forecast compiles the model's code again with a new backend. Frames dynamo compiles on
+    their own (the code after a graph break, an FSDP unit's forward) keep their entries from every
+    earlier forecast, so after a few forecasts of one model they hit ``recompile_limit`` (8) and run
+    uncompiled, unseen by the forecast. Isolated, each compile call keeps its own entries.
+    """
+    import inspect
+
+    try:
+        return {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+    except (TypeError, ValueError):
+        return {}
+
+
 def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
     """A ``GraphModule`` of ``graph`` whose Python code is generated only when first needed
     (``torch.fx._lazy_graph_module._LazyGraphModule``, as dynamo makes them), else a plain one.

@@ -26,6 +26,7 @@ from tabulate import tabulate
 from torch import nn
 from typing_extensions import override
 
+from ._compat import isolated_compile_kwargs
 from .checkpointing import CheckpointPolicy, checkpointed
 from .plan import Candidate, MemPlan
 from .planner import (
@@ -362,7 +363,8 @@ class MemPlanCallback(Callback):
                               "training with the plan, without predictions.", MemPlanWarning, stacklevel=2)
             be = memplan_backend(budget=plan.budget, solver=plan_solver(self._settings, plan),
                                  inner=self._settings.backend, capture=False)
-            compiled = torch.compile(_fresh_forward(module), backend=be, **self._compile_kwargs)
+            kwargs = {**isolated_compile_kwargs(), **self._compile_kwargs}  # the search compiled it before
+            compiled = torch.compile(_fresh_forward(module), backend=be, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
             self._fall_back(f"installing the plan failed: {exc!r}")
             return

@@ -495,7 +495,7 @@ def _compile_step(
 ) -> tuple[Callable[[], torch.Tensor], list[torch.Tensor], float]:
     """Compile one training step with ``be`` by running forward and backward once (model restored).
     Returns the step, the parameters and the seconds of the compiling run."""
-    compiled = torch.compile(_make_loss(model, loss_fn), backend=be)
+    compiled = torch.compile(_make_loss(model, loss_fn), backend=be, **_compat.isolated_compile_kwargs())
     params = [p for p in model.parameters()]
 
     def step() -> torch.Tensor:
