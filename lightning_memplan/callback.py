@@ -36,6 +36,7 @@ from .planner import (
     check_submodule,
     decide_plan,
     forecast_plan,
+    lightning_step_memory,
     lightning_step_timeline,
     live_grad_bytes,
     plan_solver,
@@ -52,6 +53,14 @@ _MISSING = object()
 
 MemPlanWarning = PlanWarning
 """Planning fell back or changed course; training goes on."""
+
+
+def _input_storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, int]:
+    """``{storage key: bytes}`` of the tensors among a call's arguments (no reference kept)."""
+    from ._compat import storage_key, tree_leaves
+
+    leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    return {storage_key(t): int(t.untyped_storage().nbytes()) for t in leaves}
 
 
 def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
@@ -120,7 +129,8 @@ class MemPlanCallback(Callback):
       when it starts (Lightning keeps the previous gradients until ``zero_grad`` inside the step,
       so they count as live at the start and are freed before backward; with
       ``accumulate_grad_batches`` > 1, the micro-batch that steps the optimizer; with manual
-      optimization, above the bytes live without gradients)
+      optimization, above the bytes live without gradients; when ``training_step`` calls the planned
+      forward several times, all of the calls, from the first batch on)
     - ``memplan/measured_peak_bytes``: measured peak of the measured batches (max over them and
       over ranks), above the bytes live when each batch started (manual optimization: plus the
       gradients live then)
@@ -217,8 +227,10 @@ class MemPlanCallback(Callback):
         self._warmup_window = False
         self._epoch_peaks: list[int] = []
         self._fit_batches = 0
-        #: Calls of the planned forward in the first training batch (the forecast covers one).
+        #: Calls of the planned forward in the first training batch (the forecast is laid out for
+        #: that many calls after the first batch).
         self.forward_calls_per_step = 0
+        self._call_inputs: list[dict[int, int]] = []  # per call of the first batch: storage -> bytes
         self._replanned = False
         self._timeline_plotted = False
 
@@ -291,6 +303,7 @@ class MemPlanCallback(Callback):
         in_training = trainer.training if trainer is not None else module.training
         if self._fit_batches == 1 and in_training and torch.is_grad_enabled():
             self.forward_calls_per_step += 1
+            self._call_inputs.append(_input_storages(args, kwargs))
         if self.plan is None and self.fallback_reason is None and in_training and torch.is_grad_enabled():
             self._example = (args, kwargs)
             self._activate()
@@ -432,11 +445,7 @@ class MemPlanCallback(Callback):
                 f"is no forward to plan and compile; training goes on uncompiled.{hint}",
                 MemPlanWarning, stacklevel=2)
         if self._fit_batches == 1 and self.forward_calls_per_step > 1 and self.plan is not None:
-            warnings.warn(
-                f"MemPlanCallback: training_step called the planned forward {self.forward_calls_per_step} "
-                "times in one step; the forecast covers one call, and every call's saved activations stay "
-                "live until the backward, so the measured peak will be higher than predicted (see "
-                "memplan/prediction_error).", MemPlanWarning, stacklevel=2)
+            self._forecast_calls(self.forward_calls_per_step)
         peak = self._close_window()
         if peak is None:
             self._window_streak = 0
@@ -446,6 +455,38 @@ class MemPlanCallback(Callback):
             return
         self._epoch_peaks.append(peak)
         self._maybe_replan(peak)
+
+    def _forecast_calls(self, calls: int) -> None:
+        """``training_step`` called the planned forward ``calls`` times in the first batch: lay the
+        forecast out for that many calls (:meth:`~lightning_memplan.forecasting.Forecast.repeated`;
+        nothing is compiled) and predict from it. The plan itself was chosen on one call."""
+        plan, fc = self.plan, self.forecast
+        assert plan is not None
+        if fc is None or fc.peak_bytes is None:
+            warnings.warn(
+                f"MemPlanCallback: training_step called the planned forward {calls} times in one step and "
+                "there is no forecast to lay out for them.", MemPlanWarning, stacklevel=3)
+            return
+        seen: dict[int, int] = {}
+        fresh = []  # bytes of inputs a later call got that no earlier call had (another view of the batch)
+        for i, storages in enumerate(self._call_inputs[:calls]):
+            if i:
+                fresh.append(sum(n for k, n in storages.items() if k not in seen))
+            seen.update(storages)
+        fc = fc.repeated(calls, new_input_bytes=fresh if len(fresh) == calls - 1 else 0)
+        baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), self._loop())
+        self.forecast = fc
+        self.plan = dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline,
+                                        breakdown={**plan.breakdown, "activations": fc.breakdown.activations})
+        note = (f"MemPlanCallback: training_step called the planned forward {calls} times in one step; the "
+                f"forecast now covers {calls} calls (every call's saved activations live until its backward): "
+                f"{format_bytes(peak)} above the baseline.")
+        if self._max_memory is not None and peak is not None and baseline + peak > self._max_memory:
+            warnings.warn(f"{note} That exceeds max_memory {format_bytes(self._max_memory)}; the plan was "
+                          "chosen on one call (the closed loop re-plans if the measured peak exceeds it).",
+                          MemPlanWarning, stacklevel=3)
+        else:
+            rank_zero_info(note)
 
     def _close_window(self) -> int | None:
         w, self._window = self._window, None

@@ -220,6 +220,10 @@ class RegionCapture:
     #: Per graph input (in order): whether it is a parameter (or not a tensor) rather than an
     #: activation; ``None`` when unknown.
     param_inputs: tuple[bool, ...] | None = None
+    #: Bytes of the trainable parameters among the graph inputs (unique storages): the gradients
+    #: the backward returns for them; and the largest one's.
+    param_grad_bytes: int = 0
+    param_grad_max: int = 0
     #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
     compile_seconds: float = 0.0
     #: Seconds spent recording inside that time (graph snapshots, inductor schedule estimates).
@@ -552,6 +556,10 @@ class MemplanBackend:
         region = RegionCapture(index=len(self.regions))
         region.param_inputs = tuple(not isinstance(e, torch.Tensor) or isinstance(e, nn.Parameter)
                                     for e in example_inputs)
+        trainable = {_compat.storage_key(e): e.untyped_storage().nbytes() for e in example_inputs
+                     if isinstance(e, nn.Parameter) and e.requires_grad}
+        region.param_grad_bytes = int(sum(trainable.values()))
+        region.param_grad_max = int(max(trainable.values(), default=0))
         self.regions.append(region)
         for regions in (*self._sweep_regions.values(), *self._remat_regions.values()):
             regions.append(RegionCapture(index=region.index))

@@ -178,10 +178,59 @@ class Forecast:
     cuda_allocator: AllocatorForecast | None = None
     _step: Callable[[], torch.Tensor] = field(repr=False, compare=False)
     _backend: MemplanBackend = field(repr=False, compare=False)
+    #: What the timeline was laid out from: (per-region plans, executions, optimizer memory).
+    _parts: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     def step(self) -> torch.Tensor:
         """Run one training step compiled with this plan; return the (detached) loss."""
         return self._step()
+
+    def repeated(self, calls: int, new_input_bytes: int | Sequence[int] = 0) -> Forecast:
+        """This forecast for a step that calls the model ``calls`` times on inputs of the same shapes
+        (two views of a batch, as contrastive objectives do) and backpropagates through all of them.
+
+        The compiled regions run once per call, in the order of one call; every call's saved
+        activations stay live until its own backward, and the backwards run from the last call to
+        the first (autograd's order). The last call's backward creates the parameters' gradients;
+        each earlier call's are added into them by ``AccumulateGrad`` and freed. The timeline, peak
+        and breakdown are laid out again from the same graphs (nothing is compiled); ``step()`` is
+        still one call. The allocation stream and the CUDA allocator model are not (``allocations``
+        and ``cuda_allocator`` are ``None``; on CUDA the peak is the requested one).
+
+        ``new_input_bytes``: bytes of the fresh inputs each call after the first is given (another
+        view of the batch, e.g. ``x.flip(0)`` or an augmentation: made before that call, live until
+        its backward), one number for all of them or one per later call; 0 when every call gets the
+        same tensors (SimCSE-style dropout views).
+
+        Raises:
+            ValueError: ``calls`` is not an int >= 1, or ``new_input_bytes`` is not one int >= 0 or
+                ``calls - 1`` of them.
+        """
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+            raise ValueError(f"`Forecast.repeated(calls={calls!r})` must be an int >= 1.")
+        extra = [new_input_bytes] * (calls - 1) if isinstance(new_input_bytes, int) else list(new_input_bytes)
+        if len(extra) != calls - 1 or any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in extra):
+            raise ValueError(f"`Forecast.repeated(new_input_bytes={new_input_bytes!r})` must be an int >= 0 or "
+                             f"{calls - 1} of them (one per call after the first).")
+        if calls == 1 or not self._parts or self.peak_bytes is None or self.breakdown is None:
+            return self
+        plans, executions, opt = self._parts
+        one = _executed(list(plans), executions)
+        n = len(one)
+        seq = one * calls
+        ends = frozenset(n * (c + 1) - 1 for c in range(calls))
+        acc = [p.param_gradients if j < n * (calls - 1) else 0 for j, p in enumerate(seq)]
+        fresh = [extra[j // n - 1] if j % n == 0 and j >= n else 0 for j in range(len(seq))]
+        timeline, peak, (acts, grads, temps) = _layout(seq, opt, ends=ends, accumulate=acc, inputs=fresh)
+        problems = self.problems
+        if self.cuda_allocator is not None:
+            problems += (f"{calls} calls per step: the CUDA allocator model was not run (requested bytes)",)
+        return dataclasses.replace(
+            self, peak_bytes=peak, requested_peak_bytes=peak, timeline=tuple(timeline),
+            breakdown=dataclasses.replace(self.breakdown, activations=acts, gradients=grads,
+                                          optimizer_temporaries=temps),
+            regions=tuple(dataclasses.replace(r, calls=r.calls * calls) for r in self.regions),
+            allocations=None, cuda_allocator=None, problems=problems)
 
     @functools.cached_property
     def torch_fx_estimate_bytes(self) -> int | None:
@@ -286,6 +335,10 @@ class _Plan:
     #: Whether the backward keeps one of the forward's activation inputs (unknown: ``True``). When it
     #: keeps none, the previous region's outputs die once this forward has run (see :func:`_layout`).
     keeps_inputs: bool = True
+    #: Of ``gradients``, the bytes of the parameters' gradients, and the largest one's (see
+    #: :meth:`Forecast.repeated`).
+    param_gradients: int = 0
+    largest_param_gradient: int = 0
 
 
 def _workspaces(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> dict[int, tuple[int, str]]:
@@ -353,6 +406,8 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
                       if bw is not None else None),
             grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps),
         keeps_inputs=keeps,
+        param_gradients=min(region.param_grad_bytes, mem.gradient_bytes),
+        largest_param_gradient=min(region.param_grad_max, mem.gradient_bytes),
     )
     if not use_scheduler:
         return fx_plan
@@ -387,6 +442,8 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         grad_copy=mem.grad_copy_bytes,
         trace=trace,
         keeps_inputs=keeps,
+        param_gradients=fx_plan.param_gradients,
+        largest_param_gradient=fx_plan.largest_param_gradient,
     )
 
 
@@ -398,7 +455,8 @@ def _executed(plans: list[_Plan], executions: Sequence[int]) -> list[_Plan]:
     return run if run else list(plans)
 
 
-def _layout(plans: list[_Plan], opt: OptimizerMemory | None) -> tuple[list[TimelineStep], int, tuple[int, int, int]]:
+def _layout(plans: list[_Plan], opt: OptimizerMemory | None, *, ends: frozenset[int] | None = None,
+            accumulate: Sequence[int] = (), inputs: Sequence[int] = ()) -> tuple[list[TimelineStep], int, tuple[int, int, int]]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
 
     Regions form a chain: region ``r``'s user outputs feed region ``r + 1`` and live until region
@@ -408,30 +466,42 @@ def _layout(plans: list[_Plan], opt: OptimizerMemory | None) -> tuple[list[Timel
     tangents (handed over, up to what it returned; a non-contiguous one is copied by AOTAutograd, so
     counted again). The last region's outputs (the loss) stay. After each backward, a non-contiguous
     gradient is copied once (``grad_copy``, transient).
+    ``ends``: the positions that end one call of the model (their outputs, the loss, stay, and their
+    incoming gradient is fresh); default: the last. ``accumulate[j]``: bytes of position ``j``'s
+    gradients that ``AccumulateGrad`` adds into existing ones (the parameters of an earlier call of
+    the same model; default 0): out of place, one parameter at a time (``grad = grad + new``, the old
+    one freed), so the largest sum is transient on top of the backward's end; then all are freed.
+    ``inputs[j]``: bytes of fresh inputs made just before position ``j``'s forward (another view of
+    the batch for a later call), live until its backward has run (default 0).
     Returns the timeline, the peak, and (activations, gradients, optimizer temporaries) at the peak.
     """
+    ends = frozenset({len(plans) - 1}) if ends is None else ends
+    acc = list(accumulate) + [0] * (len(plans) - len(accumulate))
+    fresh = list(inputs) + [0] * (len(plans) - len(inputs))
     timeline: list[TimelineStep] = []
     best = (0, (0, 0, 0))
     offset = 0
     grads = 0
     dropped = [False] * len(plans)  # outputs freed after the next forward
     for j, p in enumerate(plans):
+        offset += fresh[j]
         for node, b in zip(p.fw_nodes, p.fw_timeline):
             timeline.append(TimelineStep(phase="forward", region=p.index, node=node, bytes=offset + b))
         if offset + max(p.fw_timeline) > best[0]:
             best = (offset + max(p.fw_timeline), (offset + max(p.fw_timeline) - grads, grads, 0))
         offset += p.fw_retained
-        if j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline:
+        if j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline and j - 1 not in ends:
             dropped[j - 1] = True
             offset -= plans[j - 1].fw_retained - plans[j - 1].saved
     produced = 0  # gradients the previous backward returned
     for i, p in enumerate(reversed(plans)):
         if not p.bw_timeline:
             continue
-        last = i == 0
+        pos = len(plans) - 1 - i
+        last = pos in ends
         handed = 0 if last else min(p.tangents, produced)  # gradients of this region's outputs, live
         grads -= handed
-        gone = last or dropped[len(plans) - 1 - i]
+        gone = last or dropped[pos]
         start = offset - p.saved - (0 if gone else p.fw_retained - p.saved)
         if p.tangents_in_timeline:
             start -= handed
@@ -441,7 +511,14 @@ def _layout(plans: list[_Plan], opt: OptimizerMemory | None) -> tuple[list[Timel
             g = grads + p.bw_grads_at_peak
             best = (start + p.bw_peak, (start + p.bw_peak - g, g, 0))
         offset = start + p.bw_end - (0 if p.tangents_in_timeline else handed)
-        grads += p.gradients
+        if acc[pos]:
+            top = offset + p.largest_param_gradient  # one accumulated sum beside the new gradients
+            timeline.append(TimelineStep(phase="backward", region=p.index, node="accumulate_grad", bytes=top))
+            if top > best[0]:
+                best = (top, (offset - grads - p.gradients, grads + p.gradients + p.largest_param_gradient, 0))
+            offset -= acc[pos]
+        offset -= fresh[pos]
+        grads += p.gradients - acc[pos]
         produced = p.gradients
         if p.grad_copy:
             timeline.append(TimelineStep(phase="backward", region=p.index, node="accumulate_grad",
@@ -678,7 +755,7 @@ def _assemble(
         timeline=tuple(timeline), budget=budget, solver=solver_name, backend=inner, status=status,
         problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
         compile_seconds=compile_seconds, overhead_seconds=overhead,
-        _step=step, _backend=be,
+        _step=step, _backend=be, _parts=(tuple(plans), tuple(executions), opt_mem),
     )
 
 
