@@ -455,17 +455,21 @@ def _executed(plans: list[_Plan], executions: Sequence[int]) -> list[_Plan]:
     return run if run else list(plans)
 
 
-def _layout(plans: list[_Plan], opt: OptimizerMemory | None, *, ends: frozenset[int] | None = None,
-            accumulate: Sequence[int] = (), inputs: Sequence[int] = ()) -> tuple[list[TimelineStep], int, tuple[int, int, int]]:
+def _layout(
+    plans: list[_Plan], opt: OptimizerMemory | None, *, ends: frozenset[int] | None = None,
+    accumulate: Sequence[int] = (), inputs: Sequence[int] = (),
+) -> tuple[list[TimelineStep], int, tuple[int, int, int]]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
 
-    Regions form a chain: region ``r``'s user outputs feed region ``r + 1`` and live until region
-    ``r``'s backward starts, unless region ``r + 1``'s backward keeps none of its activation inputs
-    (``keeps_inputs``): then nothing holds them once ``r + 1``'s forward has run (the Python frame
-    between two graph breaks inside a block ends), and they die there. The gradients region ``r + 1``'s backward returned are region ``r``'s
-    tangents (handed over, up to what it returned; a non-contiguous one is copied by AOTAutograd, so
-    counted again). The last region's outputs (the loss) stay. After each backward, a non-contiguous
-    gradient is copied once (``grad_copy``, transient).
+    ``plans`` are in the order the step runs them, once per call. Regions form a chain: region
+    ``r``'s user outputs feed region ``r + 1`` and live until region ``r``'s backward starts, unless
+    region ``r + 1``'s backward keeps none of its activation inputs (``keeps_inputs``): then nothing
+    holds them once ``r + 1``'s forward has run (the Python frame between two graph breaks inside a
+    block ends), and they die there. The gradients region ``r + 1``'s backward returned are region
+    ``r``'s tangents (handed over, up to what it returned; a non-contiguous one is copied by
+    AOTAutograd, so counted again). The last region's outputs (the loss) stay. After each backward, a
+    non-contiguous gradient is copied once (``grad_copy``, transient).
+
     ``ends``: the positions that end one call of the model (their outputs, the loss, stay, and their
     incoming gradient is fresh); default: the last. ``accumulate[j]``: bytes of position ``j``'s
     gradients that ``AccumulateGrad`` adds into existing ones (the parameters of an earlier call of
@@ -473,6 +477,7 @@ def _layout(plans: list[_Plan], opt: OptimizerMemory | None, *, ends: frozenset[
     one freed), so the largest sum is transient on top of the backward's end; then all are freed.
     ``inputs[j]``: bytes of fresh inputs made just before position ``j``'s forward (another view of
     the batch for a later call), live until its backward has run (default 0).
+
     Returns the timeline, the peak, and (activations, gradients, optimizer temporaries) at the peak.
     """
     ends = frozenset({len(plans) - 1}) if ends is None else ends
