@@ -191,8 +191,10 @@ class Forecast:
 
         The compiled regions run once per call, in the order of one call; every call's saved
         activations stay live until its own backward, and the backwards run from the last call to
-        the first (autograd's order). The last call's backward creates the parameters' gradients;
-        each earlier call's are added into them by ``AccumulateGrad`` and freed. The timeline, peak
+        the first (autograd's order). A parameter's ``AccumulateGrad`` waits for every call: the
+        last call's backward leaves its gradients in autograd's input buffers, and each earlier
+        call's are summed into them there (out of place, one parameter at a time) and freed; then
+        ``.grad`` takes the sums. The timeline, peak
         and breakdown are laid out again from the same graphs (nothing is compiled); ``step()`` is
         still one call. The allocation stream and the CUDA allocator model are not (``allocations``
         and ``cuda_allocator`` are ``None``; on CUDA the peak is the requested one).
@@ -472,9 +474,10 @@ def _layout(
 
     ``ends``: the positions that end one call of the model (their outputs, the loss, stay, and their
     incoming gradient is fresh); default: the last. ``accumulate[j]``: bytes of position ``j``'s
-    gradients that ``AccumulateGrad`` adds into existing ones (the parameters of an earlier call of
-    the same model; default 0): out of place, one parameter at a time (``grad = grad + new``, the old
-    one freed), so the largest sum is transient on top of the backward's end; then all are freed.
+    gradients that autograd sums into the ones already waiting for the same parameters (an earlier
+    call of the same model; default 0): out of place in its input buffers, one parameter at a time
+    (``sum = old + new``, the old one freed), so the largest sum is transient on top of the
+    backward's end; then the new ones are freed.
     ``inputs[j]``: bytes of fresh inputs made just before position ``j``'s forward (another view of
     the batch for a later call), live until its backward has run (default 0).
 

@@ -197,8 +197,9 @@ def test_forecasts_of_one_model_never_run_out_of_recompiles() -> None:
 
 def test_repeated_lays_a_step_out_for_several_calls_of_the_model(make_mlp: Callable[..., nn.Module]) -> None:
     """Two views of a batch through one compiled model: both calls' saved activations are live until
-    their backwards, and the first call's parameter gradients are added into the second's (out of
-    place: one sum is transient). Forecast for one call the step was 27% low here."""
+    their backwards, and the first call's parameter gradients are summed into the second's in
+    autograd's input buffers (out of place: one sum is transient). Forecast for one call the step was
+    27% low here."""
     from lightning_memplan.compile import memplan_backend
 
     model = make_mlp(width=128, depth=3)
