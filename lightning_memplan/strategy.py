@@ -29,9 +29,13 @@ def forward_has_collectives(module: nn.Module) -> bool:
     FSDP1's ``FullyShardedDataParallel``, Lightning's ``FSDPStrategy``) or are DTensors (tensor
     parallelism). Their forward all-gathers, so every rank must run it together. DDP's collectives
     are in its wrapper's backward hooks, which a forecast bypasses: ``False`` there."""
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    from torch.distributed.tensor import DTensor
-
+    if not torch.distributed.is_available():
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without these: nothing in the module can be sharded by them
+        return False
     if any(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in module.modules()):
         return True
     return any(isinstance(p, DTensor) for p in module.parameters())
