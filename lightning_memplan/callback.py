@@ -395,6 +395,8 @@ class MemPlanCallback(Callback):
         self._active_forward = compiled
         self._first_call = True
         self.timings["install_seconds"] = time.perf_counter() - t0
+        if self._fit_batches > 1 and self.forward_calls_per_step > 1:  # a re-plan: as many calls as before
+            self._forecast_calls(self.forward_calls_per_step)
         if self._verbose:
             self._print_plan()
         if self._log_plots:
@@ -473,8 +475,13 @@ class MemPlanCallback(Callback):
             if i:
                 fresh.append(sum(n for k, n in storages.items() if k not in seen))
             seen.update(storages)
-        fc = fc.repeated(calls, new_input_bytes=fresh if len(fresh) == calls - 1 else 0)
-        baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), self._loop())
+        try:
+            fc = fc.repeated(calls, new_input_bytes=fresh if len(fresh) == calls - 1 else 0)
+            baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), self._loop())
+        except Exception as exc:  # noqa: BLE001 - the one-call prediction stands; training goes on
+            warnings.warn(f"MemPlanCallback: laying the forecast out for {calls} forward calls per step failed "
+                          f"({exc!r}); the prediction covers one call.", MemPlanWarning, stacklevel=3)
+            return
         self.forecast = fc
         self.plan = dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline,
                                         breakdown={**plan.breakdown, "activations": fc.breakdown.activations})

@@ -330,6 +330,14 @@ def test_several_forward_calls_per_step_are_forecast_as_one_step(tmp_path: Path)
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert abs(float(row["memplan/prediction_error"])) < 0.01, row
     assert float(row["memplan/activations_bytes"]) == cb.forecast.breakdown.activations
+    # a re-plan (the measured peak exceeds max_memory) forecasts the new plan for two calls too
+    cb = MemPlanCallback(1.0, max_memory="1KiB", backend="aot_eager", measure_batches=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, cb, epochs=1).fit(_TwoCalls(width=64, batches=8))
+    messages = [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)]
+    assert any("forecast now covers 2 calls" in m and "exceeds max_memory" in m for m in messages), messages
+    assert cb.plan.reason.startswith("re-planned") and {r.calls for r in cb.forecast.regions} == {2}
 
 
 def test_mlflow_logger_gets_the_metrics_and_the_timeline_artifact(tmp_path: Path,
