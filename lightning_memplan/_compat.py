@@ -68,7 +68,8 @@ def isolated_compile_kwargs() -> dict[str, Any]:
     import inspect
 
     try:
-        return {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+        supported = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+        return {"isolate_recompiles": True} if supported else {}
     except (TypeError, ValueError):
         return {}
 

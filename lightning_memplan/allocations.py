@@ -213,10 +213,11 @@ def stitch_step(
     saved activations are its forward's results (same key, else same size and device); its other
     forward results (the outputs region ``r + 1`` consumed) are freed when its backward starts,
     except in the last region (the loss stays), or as soon as region ``r + 1``'s forward has run
-    when that region keeps none of its activation inputs (``keeps_inputs``). Its incoming gradients are the blocks the previous
-    backward returned (same size), else allocated fresh at the start (the loss's gradient). A
-    backward's new results are gradients; they live until ``zero_grad`` after the ``optimizer``
-    events (local keys), or until the step ends. Everything still live at the end is freed.
+    when that region keeps none of its activation inputs (``keeps_inputs``). Its incoming gradients
+    are the blocks the previous backward returned (same size), else allocated fresh at the start
+    (the loss's gradient). A backward's new results are gradients; they live until ``zero_grad``
+    after the ``optimizer`` events (local keys), or until the step ends. Everything still live at
+    the end is freed. ``regions`` are in the order the step runs them, once per call.
 
     Returns the step with an empty baseline, and where its backward, optimizer and ``zero_grad`` are.
     """
