@@ -1,4 +1,4 @@
-"""DDP on CPU with 2 real processes (gloo): rank 0 decides, both ranks train with one plan."""
+"""DDP and FSDP2 on CPU with 2 real processes (gloo): one plan on both ranks."""
 from __future__ import annotations
 
 import csv
@@ -7,17 +7,24 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 
-def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
-    script = Path(__file__).with_name("ddp_script.py")
+def _two_ranks(script: str, tmp_path: Path, timeout: int) -> list[dict[str, Any]]:
+    """Run ``script`` (2 gloo processes under Lightning) and return what each rank wrote; both
+    ranks trained planned, with one budget."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), str(tmp_path)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["fallback"] is None and ranks[1]["fallback"] is None
     assert ranks[0]["budget"] == ranks[1]["budget"]
+    return ranks
+
+
+def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
+    ranks = _two_ranks("ddp_script.py", tmp_path, timeout=600)
     # rank 0 searched; rank 1 received the same plan, candidates included
     assert ranks[0]["candidates"] == ranks[1]["candidates"] == 3  # two budgets and one remat plan
     assert all(r["measured"] and r["measured"][0] for r in ranks)
@@ -30,14 +37,7 @@ def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
 def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path: Path) -> None:
     """FSDP2 (``fully_shard`` under Lightning's ModelParallelStrategy): the forward all-gathers, so the
     candidates' forecasts must run on every rank (rank 0 alone hung in its first all-gather)."""
-    script = Path(__file__).with_name("fsdp_script.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["fallback"] is None and ranks[1]["fallback"] is None
-    assert ranks[0]["budget"] == ranks[1]["budget"]
+    ranks = _two_ranks("fsdp_script.py", tmp_path, timeout=300)
     assert ranks[0]["candidates"] == ranks[1]["candidates"] == 3
     assert all(r["measured"] and r["measured"][0] for r in ranks)
     # the baseline counts this rank's shards (DTensor.to_local), not the full parameters (the root
