@@ -28,6 +28,7 @@ import functools
 import time
 import types
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -705,6 +706,7 @@ def _assemble(
 
     plans: list[_Plan] = []
     regions: list[RegionForecast] = []
+    calls = Counter(executions)  # calls of each region in one step
     for region in be_regions:
         try:
             mem = _region_memory(region, every_op=inner == "aot_eager")  # inductor: extern kernels only
@@ -719,7 +721,7 @@ def _assemble(
             index=region.index, graph_id=region.graph_id, decision=region.decision, knapsack=region.knapsack,
             method=plan.method, fw_peak_bytes=max(plan.fw_timeline), bw_peak_bytes=plan.bw_peak,
             saved_bytes=plan.saved, gradient_bytes=plan.gradients,
-            calls=max(1, list(executions).count(region.index)),
+            calls=max(1, calls[region.index]),
             _graphs=(region.fw_graph, region.bw_graph),
         ))
     if not be_regions:
