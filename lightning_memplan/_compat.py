@@ -400,6 +400,10 @@ def storage_weak_ref(storage: Any) -> Any:
 # --------------------------------------------------------------------------- inductor wrapper plan
 #: Graph inputs inductor never frees (parameters and user inputs, RNG states, incoming gradients).
 NONFREEABLE_PREFIXES = ("primals_", "arg", "fwd_rng_state", "bwd_rng_state", "tangents")
+#: Of those, the incoming gradients: inductor's allocator does not count them, but the wrapper
+#: deletes them after their last use, and AOTAutograd's boxed call has already dropped its own
+#: reference, so their storage is freed there.
+TANGENT_PREFIX = "tangents"
 
 
 class WrapperReplay(NamedTuple):
@@ -407,7 +411,7 @@ class WrapperReplay(NamedTuple):
 
     #: Bytes live after each memory-planning line; ``[0]`` before the first, ``[-1]`` on return.
     timeline: list[int]
-    #: Bytes of the graph inputs inductor may free (counted from the start).
+    #: Bytes of the graph inputs inductor may free (counted from the start), tangents excluded.
     freeable: int
     #: FX origin names of each extern-kernel step (aligned with ``timeline``).
     origins: list[tuple[str, ...]]
@@ -417,6 +421,9 @@ class WrapperReplay(NamedTuple):
     marks: list[int]
     #: Graph input name -> storage id (inputs of one storage share it).
     inputs: dict[str, int]
+    #: Bytes of the incoming gradients (``tangents_*`` inputs), counted from the start like the
+    #: freeable inputs and freed at the wrapper's ``del`` (or on return).
+    tangents: int = 0
 
 
 def _replay_wrapper_lines(wrapper: Any) -> WrapperReplay:
@@ -425,7 +432,9 @@ def _replay_wrapper_lines(wrapper: Any) -> WrapperReplay:
     Allocations (``AllocateLine``, an extern kernel's fresh output, each output of a multi-output
     kernel, counted at the kernel's line, where the kernel allocates it) add their storage bytes;
     ``ReuseLine``/``ReinterpretLine`` give a storage a second name; ``FreeLine``/``FreeIfNotReusedLine``
-    (when not reused) drop a name, and a storage is freed when its last name is gone. Graph inputs inductor may free (not primals or tangents) count from the start.
+    (when not reused) drop a name, and a storage is freed when its last name is gone. Graph inputs
+    inductor may free (not primals) count from the start, the incoming gradients (tangents) too:
+    the wrapper deletes them after their last use and nothing else holds them.
     The last entry is what stays when the graph returns: the storages of its outputs.
     Returns the timeline, the freeable input bytes, the FX origin names of each extern-kernel step,
     and the allocations and frees in order (storages of 0 bytes never reach an allocator: left out).
@@ -499,12 +508,13 @@ def _replay_wrapper_lines(wrapper: Any) -> WrapperReplay:
     except AttributeError:  # no FX module on this lowering: every input counts on its own
         fakes = {}
     first_of: dict[int, str] = {}
-    freeable = 0
+    freeable = tangents = 0
     for name, inp in graph.graph_inputs.items():
         if not hasattr(inp, "get_layout"):
             continue
         fake = fakes.get(name)
-        if name.startswith(NONFREEABLE_PREFIXES):
+        is_tangent = name.startswith(TANGENT_PREFIX)
+        if name.startswith(NONFREEABLE_PREFIXES) and not is_tangent:
             size = 0
         elif isinstance(fake, torch.Tensor):
             key = storage_key(fake)
@@ -515,7 +525,10 @@ def _replay_wrapper_lines(wrapper: Any) -> WrapperReplay:
             size = concrete_int(fake.untyped_storage().nbytes())
         else:
             size = nbytes(inp)
-        freeable += size
+        if is_tangent:
+            tangents += size
+        else:
+            freeable += size
         alloc(name, size, device(inp))
     input_sids = {name: names[name] for name in graph.graph_inputs if name in names}
     timeline: list[int] = [state["cur"]]
@@ -569,7 +582,7 @@ def _replay_wrapper_lines(wrapper: Any) -> WrapperReplay:
             events.append(("free", sid, sizes[sid], devices[sid]))
     marks.append(len(events))
     origins.append(())
-    return WrapperReplay(timeline, freeable, origins, events, marks, input_sids)
+    return WrapperReplay(timeline, freeable, origins, events, marks, input_sids, tangents)
 
 
 @contextlib.contextmanager

@@ -62,9 +62,6 @@ class GraphTrace:
     #: Which of ``inputs`` are incoming gradients (tangents); the others are saved activations.
     tangent_keys: frozenset[Hashable] = frozenset()
     events: tuple[AllocEvent, ...] = ()
-    #: Incoming gradients the graph holds but never frees (inductor's non-freeable tangents), as alloc
-    #: events: live while it runs, released right after it returns.
-    held_tangents: tuple[AllocEvent, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +75,9 @@ class RegionTrace:
     #: Whether the backward keeps one of the forward's activation inputs; when not, the previous
     #: region's outputs die once this forward has run (see :func:`stitch_step`).
     keeps_inputs: bool = True
+    #: Bytes of the backward's results that are parameters' gradients (the others are the
+    #: gradients of its activation inputs, handed to the previous region).
+    param_gradients: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,8 +216,10 @@ def stitch_step(
     when that region keeps none of its activation inputs (``keeps_inputs``). Its incoming gradients
     are the blocks the previous backward returned (same size), else allocated fresh at the start
     (the loss's gradient). A backward's new results are gradients; they live until ``zero_grad``
-    after the ``optimizer`` events (local keys), or until the step ends. Everything still live at
-    the end is freed. ``regions`` are in the order the step runs them, once per call.
+    after the ``optimizer`` events (local keys), or until the step ends. A returned block no
+    incoming gradient matches was consumed by uncompiled code between the two regions: it dies when
+    the backward starts, as long as the blocks taken over stay within the smaller of the incoming
+    gradients' bytes and the returned activations' gradients' (``param_gradients`` excluded). Everything still live at the end is freed. ``regions`` are in the order the step runs them, once per call.
 
     Returns the step with an empty baseline, and where its backward, optimizer and ``zero_grad`` are.
     """
@@ -272,6 +274,7 @@ def stitch_step(
 
     grads: list[int] = []  # every gradient still live
     returned: list[int] = []  # what the previous backward returned
+    returned_params = 0  # bytes of it that are parameters' gradients
     backward_start = len(out)
     for i, (r, results) in enumerate(zip(reversed(regions), reversed(fw_results))):
         bw = r.backward
@@ -281,27 +284,37 @@ def stitch_step(
         mapping = {}
         k = len(regions) - 1 - i
         found, unmatched = (matched[k], []) if k in matched else saved_of(r, results)
-        for e in bw.inputs:
-            if e.key in bw.tangent_keys:
-                g = _take(returned, live, e.nbytes, e.device) if not last else None
-                if g is not None:
-                    grads.remove(g)
-            else:
-                g = found.get(e.key)
-            mapping[e.key] = g if g is not None else alloc(e)
+        tangents = [e for e in bw.inputs if e.key in bw.tangent_keys]
+        # the bytes of the previous backward's results this one takes over (as the timeline does)
+        handed = 0 if last else min(sum(e.nbytes for e in tangents),
+                                    sum(live[g].nbytes for g in returned) - returned_params)
+        taken = 0
+        for e in tangents:
+            g = _take(returned, live, e.nbytes, e.device) if not last else None
+            if g is not None:
+                grads.remove(g)
+                taken += e.nbytes
+                mapping[e.key] = g
+        # results of no tangent's size were consumed by code that ran between the two regions
+        # uncompiled (an eager module): they die as this backward starts, up to ``handed``
+        for g in sorted(returned, key=lambda g: -live[g].nbytes):
+            if taken + live[g].nbytes <= handed:
+                taken += live[g].nbytes
+                grads.remove(g)
+                _free_all(out, live, (g,))
         if not last:  # this region's outputs, consumed by the next region, die here
             _free_all(out, live, unmatched)
-        held = [] if last else [g for e in bw.held_tangents
-                                for g in [_take(returned, live, e.nbytes, e.device)] if g is not None]
-        for g in held:
-            grads.remove(g)
+        for e in bw.inputs:
+            if e.key not in mapping:
+                g = None if e.key in bw.tangent_keys else found.get(e.key)
+                mapping[e.key] = g if g is not None else alloc(e)
         first_new = len(out)
         run(bw.events, mapping)
-        _free_all(out, live, held)
         # its gradients: the storages it allocated and returned (an input it still holds, e.g. a
         # tangent a returned view aliases, is no gradient: it stays to the end of the step)
         made = {e.key for e in out[first_new:] if e.op == "alloc"}
         returned = [g for g in mapping.values() if g in live and g in made]
+        returned_params = r.param_gradients
         grads += returned
         if r.grad_copy:
             tmp = alloc(AllocEvent("alloc", None, r.grad_copy, _device_of(returned, live)))

@@ -178,9 +178,11 @@ class ScheduleEstimate:
     """Inductor's memory estimate of one graph: the scheduler's (fused nodes, final order) or a replay
     of the generated wrapper's allocations (after buffer reuse).
 
-    Bytes above the graph's non-freeable inputs (primals, tangents); ``freeable_input_bytes`` are the
-    inputs inductor may free (in a backward graph: the saved activations), included in ``timeline``
-    (``timeline[0]`` is before the first step, ``timeline[-1]`` after the last).
+    Bytes above the graph's non-freeable inputs (primals; for the scheduler's estimate, tangents too);
+    ``freeable_input_bytes`` are the inputs inductor may free (in a backward graph: the saved
+    activations), included in ``timeline`` (``timeline[0]`` is before the first step,
+    ``timeline[-1]`` after the last). The wrapper's replay also counts the tangents
+    (``tangent_keys``).
     """
 
     peak_bytes: int
@@ -196,6 +198,10 @@ class ScheduleEstimate:
     events: tuple[AllocEvent, ...] = ()
     #: ``marks[i]``: how many of ``events`` had happened when ``timeline[i]`` was recorded.
     marks: tuple[int, ...] = ()
+    #: Keys (in ``events``) of the incoming gradients (tangents) of a backward wrapper's replay,
+    #: counted in ``timeline`` from the start and freed where the wrapper deletes them; empty for
+    #: the scheduler's estimate, which counts no tangent.
+    tangent_keys: frozenset[int] = frozenset()
 
 
 @dataclass(kw_only=True)
@@ -424,7 +430,7 @@ def _share_saved_inputs(
     A saved value is a backward input named after the forward node that made it. Values the forward
     saved as views of one storage (q, k and v of one qkv buffer) are one allocation; a view of a
     forward input (a primal) is no allocation. See :func:`lightning_memplan.allocations.share_inputs`.
-    Returns the events, marks, timeline (bytes) and the freeable input bytes.
+    Returns the events, marks, timeline (bytes) and the freeable input bytes (tangents excluded).
     """
     from lightning_memplan.estimator import GraphStorages
 
@@ -439,8 +445,8 @@ def _share_saved_inputs(
         owner[sid] = None if key in fws.input_keys else key
         sizes[key] = fws.nbytes[key]
     new_events, marks, timeline = share_inputs(events, replay.marks, owner, sizes)
-    freeable = sum(e.nbytes for e in new_events[: marks[0]] if e.op == "alloc") if marks else 0
-    return new_events, marks, timeline, freeable
+    counted = sum(e.nbytes for e in new_events[: marks[0]] if e.op == "alloc") if marks else 0
+    return new_events, marks, timeline, counted - replay.tangents
 
 
 class MemplanBackend:
@@ -783,7 +789,9 @@ class MemplanBackend:
                 region.capture_seconds += time.perf_counter() - t0
             est = ScheduleEstimate(peak_bytes=max(timeline), timeline=tuple(timeline),
                                    freeable_input_bytes=freeable, seconds=seconds,
-                                   origins=tuple(replay.origins[1:]), events=tuple(events), marks=tuple(marks))
+                                   origins=tuple(replay.origins[1:]), events=tuple(events), marks=tuple(marks),
+                                   tangent_keys=frozenset(sid for name, sid in replay.inputs.items()
+                                                          if name.startswith(_compat.TANGENT_PREFIX)))
             if is_backward:
                 region.bw_wrapper = est
             else:

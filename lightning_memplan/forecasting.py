@@ -235,6 +235,13 @@ class Forecast:
             regions=tuple(dataclasses.replace(r, calls=r.calls * calls) for r in self.regions),
             allocations=None, cuda_allocator=None, problems=problems)
 
+    def _detached(self) -> Forecast:
+        """This forecast without its compiled step, backend and graphs: plain data that
+        :meth:`repeated` can still lay out (``step()`` no longer runs), cheap to keep for many
+        candidate plans."""
+        return dataclasses.replace(self, _step=None, _backend=None,  # type: ignore[arg-type]
+                                   regions=tuple(dataclasses.replace(r, _graphs=(None, None)) for r in self.regions))
+
     @functools.cached_property
     def torch_fx_estimate_bytes(self) -> int | None:
         """torch's FX-level estimate of the step in bytes (the regions' ``torch_fx_peak_bytes``
@@ -378,8 +385,7 @@ def _with_workspace(est: ScheduleEstimate, steps: dict[int, tuple[int, str]]) ->
     return tuple(out)
 
 
-def _wrapper_trace(est: ScheduleEstimate, steps: dict[int, tuple[int, str]], tag: str,
-                   held: tuple[AllocEvent, ...] = ()) -> GraphTrace:
+def _wrapper_trace(est: ScheduleEstimate, steps: dict[int, tuple[int, str]], tag: str) -> GraphTrace:
     """The wrapper replay's events as a trace: keys ``(tag, storage id)``, workspaces inserted at their step."""
     events = [e._replace(key=(tag, e.key)) for e in est.events]
     n_inputs = est.marks[0] if est.marks else 0
@@ -388,7 +394,8 @@ def _wrapper_trace(est: ScheduleEstimate, steps: dict[int, tuple[int, str]], tag
         at = est.marks[i] if i < len(est.marks) else len(events)
         key = (tag, "workspace", i)
         events[at:at] = [AllocEvent("alloc", key, n, dev), AllocEvent("free", key, n, dev)]
-    return GraphTrace(inputs=tuple(events[:n_inputs]), events=tuple(events[n_inputs:]), held_tangents=held)
+    return GraphTrace(inputs=tuple(events[:n_inputs]), events=tuple(events[n_inputs:]),
+                      tangent_keys=frozenset((tag, k) for k in est.tangent_keys))
 
 
 def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Plan:
@@ -407,7 +414,8 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
             forward=GraphTrace(inputs=mem.fw.inputs, events=mem.fw.events),
             backward=(GraphTrace(inputs=bw.inputs, tangent_keys=frozenset(mem.tangent_keys), events=bw.events)
                       if bw is not None else None),
-            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps),
+            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps,
+            param_gradients=min(region.param_grad_bytes, mem.gradient_bytes)),
         keeps_inputs=keeps,
         param_gradients=min(region.param_grad_bytes, mem.gradient_bytes),
         largest_param_gradient=min(region.param_grad_max, mem.gradient_bytes),
@@ -427,11 +435,10 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
     bw_tl = _with_workspace(bs, bw_ws) if bs is not None else ()
     trace = None
     if method == "inductor_wrapper":
-        # inductor never frees the tangents: they are held through the backward (from the FX profile)
-        held = tuple(e for e in bw.inputs if e.key in mem.tangent_keys) if bw is not None else ()
         trace = RegionTrace(forward=_wrapper_trace(fs, fw_ws, "fw"),
-                            backward=_wrapper_trace(bs, bw_ws, "bw", held) if bs is not None else None,
-                            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps)
+                            backward=_wrapper_trace(bs, bw_ws, "bw") if bs is not None else None,
+                            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps,
+                            param_gradients=fx_plan.param_gradients)
     return _Plan(
         index=region.index, method=method,
         fw_nodes=tuple(f"sched{i}" for i in range(len(fw_tl))), fw_timeline=tuple(fw_tl),
@@ -441,7 +448,8 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         # the scheduler does not tag buffers: take the gradients' share from the FX profile
         bw_grads_at_peak=min(fx_plan.bw_grads_at_peak, max(bw_tl) if bw_tl else 0),
         gradients=mem.gradient_bytes, tangents=mem.tangent_bytes,
-        tangents_in_timeline=False,  # inductor does not count tangents (non-freeable inputs)
+        # the wrapper's replay counts the tangents (freed at their ``del``); the scheduler does not
+        tangents_in_timeline=method == "inductor_wrapper",
         grad_copy=mem.grad_copy_bytes,
         trace=trace,
         keeps_inputs=keeps,
@@ -469,8 +477,9 @@ def _layout(
     region ``r + 1``'s backward keeps none of its activation inputs (``keeps_inputs``): then nothing
     holds them once ``r + 1``'s forward has run (the Python frame between two graph breaks inside a
     block ends), and they die there. The gradients region ``r + 1``'s backward returned are region
-    ``r``'s tangents (handed over, up to what it returned; a non-contiguous one is copied by
-    AOTAutograd, so counted again). The last region's outputs (the loss) stay. After each backward, a
+    ``r``'s tangents (handed over, up to the activations' gradients it returned: more or fewer when
+    uncompiled code ran between the two regions; a non-contiguous one is copied by AOTAutograd, so
+    counted again). The last region's outputs (the loss) stay. After each backward, a
     non-contiguous gradient is copied once (``grad_copy``, transient).
 
     ``ends``: the positions that end one call of the model (their outputs, the loss, stay, and their
@@ -502,7 +511,7 @@ def _layout(
         if j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline and j - 1 not in ends:
             dropped[j - 1] = True
             offset -= plans[j - 1].fw_retained - plans[j - 1].saved
-    produced = 0  # gradients the previous backward returned
+    produced = 0  # gradients of activations the previous backward returned
     for i, p in enumerate(reversed(plans)):
         if not p.bw_timeline:
             continue
@@ -528,7 +537,7 @@ def _layout(
             offset -= acc[pos]
         offset -= fresh[pos]
         grads += p.gradients - acc[pos]
-        produced = p.gradients
+        produced = p.gradients - p.param_gradients
         if p.grad_copy:
             timeline.append(TimelineStep(phase="backward", region=p.index, node="accumulate_grad",
                                          bytes=offset + p.grad_copy))

@@ -179,6 +179,23 @@ def test_a_region_run_several_times_is_laid_out_per_call(where: str) -> None:
     assert abs(rel_error(fc)) <= 0.02
 
 
+def test_inductor_frees_an_incoming_gradient_where_its_backward_deletes_it() -> None:
+    """Under inductor the first half of a broken block deletes its incoming gradient mid-backward
+    (``del tangents_1``; AOTAutograd's boxed call dropped its own reference, so the storage goes).
+    Held to the end of the backward instead, the forecast was +7.7% on the benchmark's ``breaks``
+    model. The head after the last block runs uncompiled (dynamo skips ``torch.nn`` frames): the
+    gradient it consumed dies where the timeline says, so the allocation stream peaks with it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_BreakBlock(64, "inside") for _ in range(3)], nn.Linear(64, 1))
+    x = torch.randn(512, 64)
+    torch._dynamo.reset()
+    fc = forecast(model, (x,), budget=0.5, backend="inductor", loss_fn=lambda y: y.pow(2).mean(),
+                  optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+    assert fc.status == "ok", fc.problems
+    assert {r.method for r in fc.regions} == {"inductor_wrapper"}
+    check_allocations(fc)
+    assert abs(rel_error(fc)) <= 0.02
+
 
 def test_forecasts_of_one_model_never_run_out_of_recompiles() -> None:
     """Every forecast compiles the blocks' own frames again, with its own backend. Sharing one set of
