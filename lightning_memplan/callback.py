@@ -36,10 +36,12 @@ from .planner import (
     check_submodule,
     decide_plan,
     forecast_plan,
+    grad_bytes,
     lightning_step_memory,
     lightning_step_timeline,
     live_grad_bytes,
     plan_solver,
+    rejudge_plan,
     resolve_submodule,
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
@@ -231,6 +233,9 @@ class MemPlanCallback(Callback):
         #: that many calls after the first batch).
         self.forward_calls_per_step = 0
         self._call_inputs: list[dict[int, int]] = []  # per call of the first batch: storage -> bytes
+        #: This rank's search's candidate forecasts (plain data), kept through the first batch to
+        #: judge the candidates again when training_step calls the forward several times.
+        self._kept_forecasts: tuple[Any, ...] = ()
         self._replanned = False
         self._timeline_plotted = False
 
@@ -343,8 +348,11 @@ class MemPlanCallback(Callback):
             return self._user_plan
         assert self._module is not None and self._example is not None and self._orig_forward is not None
         args, kwargs = self._example
-        return decide_plan(self._settings, self._module, self._orig_forward, args, kwargs,
-                           self._optimizer(), call="MemPlanCallback", loop=self._loop())
+        kept: list[Any] = []
+        plan = decide_plan(self._settings, self._module, self._orig_forward, args, kwargs,
+                           self._optimizer(), call="MemPlanCallback", loop=self._loop(), kept=kept)
+        self._kept_forecasts = tuple(kept)
+        return plan
 
     def _loop(self) -> TrainingLoop:
         """How the Trainer runs this module's training step (accumulation, manual optimization)."""
@@ -390,7 +398,7 @@ class MemPlanCallback(Callback):
                 "peak (memplan/measured_peak_bytes) will be higher than predicted.", MemPlanWarning, stacklevel=2)
         self.forecast = fc
         self.plan = plan
-        if not (self._replan and self._max_memory is not None and not self._replanned):
+        if not self._may_replan() and self._fit_batches > 1:
             self._example = None  # no re-plan can follow: do not hold on to the first batch
         self._active_forward = compiled
         self._first_call = True
@@ -446,8 +454,13 @@ class MemPlanCallback(Callback):
                 f"MemPlanCallback: training_step did not call `{call}` in the first batch, so there "
                 f"is no forward to plan and compile; training goes on uncompiled.{hint}",
                 MemPlanWarning, stacklevel=2)
-        if self._fit_batches == 1 and self.forward_calls_per_step > 1 and self.plan is not None:
-            self._forecast_calls(self.forward_calls_per_step)
+        if self._fit_batches == 1:
+            if self.forward_calls_per_step > 1 and self.plan is not None:
+                self._rejudge_for_calls(self.forward_calls_per_step)
+                self._forecast_calls(self.forward_calls_per_step)
+            self._kept_forecasts = ()
+            if not self._may_replan():
+                self._example = None  # no re-plan can follow: do not hold on to the first batch
         peak = self._close_window()
         if peak is None:
             self._window_streak = 0
@@ -457,6 +470,52 @@ class MemPlanCallback(Callback):
             return
         self._epoch_peaks.append(peak)
         self._maybe_replan(peak)
+
+    def _may_replan(self) -> bool:
+        """Whether the closed loop may still re-plan (it needs the first batch's inputs)."""
+        return self._replan and self._max_memory is not None and not self._replanned
+
+    def _fresh_input_bytes(self, calls: int) -> list[int] | int:
+        """Bytes of the inputs each call after the first got that no earlier call had (another
+        view of the batch), from the first batch; 0 when they were not recorded for every call."""
+        seen: dict[int, int] = {}
+        fresh = []
+        for i, storages in enumerate(self._call_inputs[:calls]):
+            if i:
+                fresh.append(sum(n for k, n in storages.items() if k not in seen))
+            seen.update(storages)
+        return fresh if len(fresh) == calls - 1 else 0
+
+    def _rejudge_for_calls(self, calls: int) -> None:
+        """The search chose the plan on one forward call; ``training_step`` made ``calls``. Judge
+        the search's candidates again on ``calls`` calls (their kept forecasts, laid out again:
+        nothing is compiled), rank 0 deciding, and recompile once if another plan wins."""
+        plan, trainer = self.plan, self._trainer
+        if plan is None or not plan.candidates or self._example is None:
+            return  # a fixed budget, a given or resumed plan: nothing was searched in this fit
+        module = self._module
+        assert module is not None
+
+        def decide() -> MemPlan:
+            return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=calls,
+                                new_input_bytes=self._fresh_input_bytes(calls), loop=self._loop())
+
+        try:
+            lockstep = forward_has_collectives(module)
+            new = decide_on_rank_zero(trainer.strategy, decide, all_ranks_run=lockstep) if trainer else decide()
+        except Exception as exc:  # noqa: BLE001 - the plan chosen on one call stands
+            warnings.warn(f"MemPlanCallback: judging the candidate plans on {calls} forward calls per step failed "
+                          f"({exc!r}); keeping the plan chosen on one call.", MemPlanWarning, stacklevel=3)
+            return
+        same = (new.budget, new.checkpoint, new.solver) == (plan.budget, plan.checkpoint, plan.solver)
+        rank_zero_info(
+            f"MemPlanCallback: training_step called the planned forward {calls} times; judged on {calls} calls "
+            f"the search {'keeps' if same else 'chooses'} {new.candidates[new.chosen].label}"
+            + ("." if same else f" instead of {plan.candidates[plan.chosen].label} (recompiling once)."))
+        if same:
+            self.plan = dataclasses.replace(plan, candidates=new.candidates, knee=new.knee, reason=new.reason)
+            return
+        self._install(new)
 
     def _forecast_calls(self, calls: int) -> None:
         """``training_step`` called the planned forward ``calls`` times in the first batch: lay the
@@ -469,14 +528,8 @@ class MemPlanCallback(Callback):
                 f"MemPlanCallback: training_step called the planned forward {calls} times in one step and "
                 "there is no forecast to lay out for them.", MemPlanWarning, stacklevel=3)
             return
-        seen: dict[int, int] = {}
-        fresh = []  # bytes of inputs a later call got that no earlier call had (another view of the batch)
-        for i, storages in enumerate(self._call_inputs[:calls]):
-            if i:
-                fresh.append(sum(n for k, n in storages.items() if k not in seen))
-            seen.update(storages)
         try:
-            fc = fc.repeated(calls, new_input_bytes=fresh if len(fresh) == calls - 1 else 0)
+            fc = fc.repeated(calls, new_input_bytes=self._fresh_input_bytes(calls))
             baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), self._loop())
         except Exception as exc:  # noqa: BLE001 - the one-call prediction stands; training goes on
             warnings.warn(f"MemPlanCallback: laying the forecast out for {calls} forward calls per step failed "

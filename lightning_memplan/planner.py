@@ -18,12 +18,12 @@ from torch import nn
 
 from .checkpointing import CheckpointPolicy, _policy_classes, checkpoint_candidates, resolve_blocks
 from .plan import MemPlan
-from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, PlanDoesNotFit, search
+from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, PlanDoesNotFit, rejudge, search
 from .units import parse_bytes
 
 __all__ = [
     "PlanSettings", "PlanWarning", "TrainingLoop", "decide_plan", "forecast_plan", "lightning_step_memory",
-    "lightning_step_peak", "lightning_step_timeline",
+    "lightning_step_peak", "lightning_step_timeline", "rejudge_plan",
 ]
 
 
@@ -265,13 +265,15 @@ def decide_plan(
     *,
     call: str,
     loop: TrainingLoop = TrainingLoop(),
+    kept: list[Any] | None = None,
 ) -> MemPlan:
     """A fixed-budget plan, or the search's choice (knee, or cheapest within ``max_memory``).
 
     Candidates are judged by the memory of the Lightning training step ``loop`` runs
     (:func:`lightning_step_memory`).
     When nothing fits ``max_memory``, warns (:class:`PlanWarning`) and returns the plan with the
-    smallest forecast.
+    smallest forecast. ``kept``: a list that receives the candidates' forecasts when a search ran
+    (aligned with ``plan.candidates``; plain data), for :func:`rejudge_plan`.
     """
     if not isinstance(settings.budget, str):
         return MemPlan(budget=float(settings.budget), solver=settings.solver_name,
@@ -280,20 +282,59 @@ def decide_plan(
     target = BoundForward(module, forward, kwargs)
     grads = grad_bytes(module)
     try:
-        plan = search(target, tuple(args), budgets=settings.candidate_budgets,
-                      checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
-                      solver=settings.solver, backend=settings.search_backend, optimizer=optimizer,
-                      loss_fn=sum_outputs, max_memory=settings.max_memory,
-                      remat_budgets=settings.remat_budgets,
-                      step_memory=lambda fc: lightning_step_memory(fc, grads, loop)).plan
+        result = search(target, tuple(args), budgets=settings.candidate_budgets,
+                        checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
+                        solver=settings.solver, backend=settings.search_backend, optimizer=optimizer,
+                        loss_fn=sum_outputs, max_memory=settings.max_memory,
+                        remat_budgets=settings.remat_budgets,
+                        step_memory=lambda fc: lightning_step_memory(fc, grads, loop),
+                        keep_forecasts=kept is not None)
+        plan, forecasts = result.plan, result.forecasts
     except PlanDoesNotFit as exc:
         warnings.warn(f"{call}: {exc} Training with the smallest plan.", PlanWarning, stacklevel=2)
-        plan = exc.plan
-    # the search named blocks relative to the wrapper: store them relative to the module
+        plan, forecasts = exc.plan, exc.forecasts
+    if kept is not None:
+        kept.extend(forecasts)
+    return _relative_to_module(plan, settings)
+
+
+def _relative_to_module(plan: MemPlan, settings: PlanSettings) -> MemPlan:
+    """The search named blocks relative to :class:`BoundForward`: the plan names them relative to
+    the module."""
     strip = lambda names: tuple(n.removeprefix("module.") for n in names)  # noqa: E731
     cands = tuple(dataclasses.replace(c, checkpoint=strip(c.checkpoint)) for c in plan.candidates)
     return dataclasses.replace(plan, checkpoint=strip(plan.checkpoint), candidates=cands,
                                backend=settings.backend)
+
+
+def rejudge_plan(
+    settings: PlanSettings,
+    plan: MemPlan,
+    forecasts: Sequence[Any],
+    grads: int,
+    *,
+    calls: int,
+    new_input_bytes: int | Sequence[int] = 0,
+    loop: TrainingLoop = TrainingLoop(),
+) -> MemPlan:
+    """``plan``'s candidates judged again for a training step that calls the model ``calls`` times
+    (``Forecast.repeated``; ``new_input_bytes`` as it takes them) and chosen again, as
+    :func:`decide_plan` chooses; nothing is compiled. ``grads``: gradient bytes live when a step
+    starts (see :func:`lightning_step_memory`). When nothing fits ``max_memory``, the smallest plan
+    (as :func:`decide_plan`, without a warning: the caller reports it).
+
+    Raises:
+        ValueError: ``forecasts`` does not match ``plan.candidates``.
+    """
+    def judge(fc: Any) -> tuple[int, int | None]:
+        return lightning_step_memory(fc.repeated(calls, new_input_bytes), grads, loop)
+
+    try:
+        new = rejudge(plan, forecasts, judge, max_memory=settings.max_memory, solver=settings.solver)
+    except PlanDoesNotFit as exc:
+        new = exc.plan
+    return dataclasses.replace(new, backend=settings.backend,
+                               reason=f"{new.reason}, judged on {calls} forward calls per step")
 
 
 def forecast_plan(

@@ -19,6 +19,7 @@ in the budget (budget 0.0 can peak as high as 1.0), and checkpointing blocks rea
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,7 @@ from .report import PlanPoint, pareto_indices
 from .units import format_bytes
 
 __all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose",
-           "forecast_flops", "search"]
+           "forecast_flops", "rejudge", "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
 """Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
@@ -59,6 +60,8 @@ class PlanDoesNotFit(RuntimeError):
     def __init__(self, message: str, plan: MemPlan) -> None:
         super().__init__(message)
         self.plan = plan
+        #: The search's kept forecasts (see :class:`SearchResult`), when it kept them.
+        self.forecasts: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +71,9 @@ class SearchResult:
     plan: MemPlan
     seconds: float
     """Wall seconds spent forecasting candidates."""
+    forecasts: tuple[Any, ...] = ()
+    """With ``search(keep_forecasts=True)``: each candidate's forecast, aligned with
+    ``plan.candidates`` (``None`` where it failed), without its compiled parts; for :func:`rejudge`."""
 
 
 def forecast_flops(fc: Any) -> float:
@@ -115,6 +121,7 @@ def search(
     on_candidate: Callable[[Candidate], None] | None = None,
     remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     step_memory: Callable[[Any], tuple[int, int | None]] | None = None,
+    keep_forecasts: bool = False,
 ) -> SearchResult:
     """Forecast every (checkpoint set, budget) plan and choose one (see the module docstring).
 
@@ -126,9 +133,12 @@ def search(
     ``step_memory(forecast) -> (baseline bytes, peak bytes above it)``: the memory a candidate is
     judged by, for a training loop whose step differs from ``forecast()``'s (Lightning keeps the
     previous gradients through the forward); default ``(forecast.baseline_bytes, forecast.peak_bytes)``.
+    ``keep_forecasts``: keep every candidate's forecast (plain data, see :class:`SearchResult`) so
+    the candidates can be judged again without compiling (:func:`rejudge`).
 
     Raises:
-        PlanDoesNotFit: ``max_memory`` given and no forecast fits it.
+        PlanDoesNotFit: ``max_memory`` given and no forecast fits it (its ``forecasts`` attribute
+            holds the kept forecasts).
         RuntimeError: every candidate's forecast failed (the message has the first cause).
     """
     from .forecasting import forecast, forecast_grid, forecast_sweep
@@ -136,6 +146,7 @@ def search(
     t0 = time.perf_counter()
     judge = step_memory if step_memory is not None else _forecast_memory
     candidates: list[Candidate] = []
+    kept: list[Any] = []  # aligned with candidates when keep_forecasts
     baseline: int | None = None
     sets = [tuple(ck) for ck in checkpoint_sets]
     remat_only = solver == "remat"
@@ -168,6 +179,7 @@ def search(
                 except Exception:  # noqa: BLE001 - fall back to one forecast per budget
                     swept = {}
             for b in budgets:
+                fc = None
                 try:
                     fc = swept.get(float(b)) if swept else None
                     if fc is None:
@@ -178,8 +190,9 @@ def search(
                                      cost=forecast_flops(fc), note=_note(fc))
                     baseline = base if baseline is None else baseline
                 except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
-                    cand = Candidate(budget=b, checkpoint=tuple(ck), note=f"forecast failed: {exc!r}")
+                    cand, fc = Candidate(budget=b, checkpoint=tuple(ck), note=f"forecast failed: {exc!r}"), None
                 candidates.append(cand)
+                kept.append(_keep(fc) if keep_forecasts else None)
                 if on_candidate is not None:
                     on_candidate(cand)
                 if b < 1.0 and cand.note and all(
@@ -188,6 +201,7 @@ def search(
                 ):
                     break  # everything is checkpointed already: lower budgets change nothing
     for b in remat_budgets:
+        fc = None
         try:
             fc = grid.get(("remat", b))
             if fc is None or fc.status != "ok":
@@ -197,13 +211,59 @@ def search(
             cand = Candidate(budget=b, peak_bytes=peak, cost=forecast_flops(fc), note=_note(fc), solver="remat")
             baseline = base if baseline is None else baseline
         except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
-            cand = Candidate(budget=b, note=f"forecast failed: {exc!r}", solver="remat")
+            cand, fc = Candidate(budget=b, note=f"forecast failed: {exc!r}", solver="remat"), None
         candidates.append(cand)
+        kept.append(_keep(fc) if keep_forecasts else None)
         if on_candidate is not None:
             on_candidate(cand)
-    plan = choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory,
-                  solver=solver if isinstance(solver, str) else f"custom:{getattr(solver, '__qualname__', 'solver')}")
-    return SearchResult(plan=plan, seconds=time.perf_counter() - t0)
+    forecasts = tuple(kept) if keep_forecasts else ()
+    try:
+        plan = choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver))
+    except PlanDoesNotFit as exc:
+        exc.forecasts = forecasts
+        raise
+    return SearchResult(plan=plan, seconds=time.perf_counter() - t0, forecasts=forecasts)
+
+
+def _solver_name(solver: str | Callable[..., Any]) -> str:
+    return solver if isinstance(solver, str) else f"custom:{getattr(solver, '__qualname__', 'solver')}"
+
+
+def _keep(fc: Any) -> Any:
+    """A candidate's forecast as :class:`SearchResult` keeps it (``None`` when it failed)."""
+    return fc._detached() if fc is not None and fc.peak_bytes is not None else None
+
+
+def rejudge(
+    plan: MemPlan,
+    forecasts: Sequence[Any],
+    step_memory: Callable[[Any], tuple[int, int | None]],
+    *,
+    max_memory: int | None,
+    solver: str | Callable[..., Any],
+) -> MemPlan:
+    """``plan``'s candidates judged again by ``step_memory`` (e.g. a step that calls the model
+    several times: ``Forecast.repeated``) and chosen again as :func:`search` chooses; nothing is
+    compiled. ``forecasts`` are the search's kept forecasts, aligned with ``plan.candidates``; a
+    candidate without one keeps no peak (it is not chosen). Costs (FLOPs) stand. ``solver``: the
+    search's knapsack solver (the plan's own may be ``"remat"``).
+
+    Raises:
+        ValueError: ``forecasts`` does not match ``plan.candidates``.
+        PlanDoesNotFit: ``max_memory`` given and no candidate fits it now.
+    """
+    if len(forecasts) != len(plan.candidates) or not forecasts:
+        raise ValueError(f"rejudge: {len(forecasts)} forecasts for {len(plan.candidates)} candidates; "
+                         "search with keep_forecasts=True to keep them")
+    candidates: list[Candidate] = []
+    baseline: int | None = None
+    for cand, fc in zip(plan.candidates, forecasts):
+        peak = None
+        if fc is not None:
+            base, peak = step_memory(fc)
+            baseline = base if baseline is None else baseline
+        candidates.append(dataclasses.replace(cand, peak_bytes=peak))
+    return choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver))
 
 
 def choose(

@@ -340,6 +340,35 @@ def test_several_forward_calls_per_step_are_forecast_as_one_step(tmp_path: Path)
     assert cb.plan.reason.startswith("re-planned") and {r.calls for r in cb.forecast.regions} == {2}
 
 
+def test_the_search_judges_candidates_on_the_forward_calls_of_a_step(tmp_path: Path) -> None:
+    """The search runs at the first call of the first batch, before training_step makes its second
+    call. After that batch the candidates are judged again on two calls (their forecasts laid out
+    again, nothing compiled) and the cheapest that fits max_memory on two calls is compiled; before,
+    the plan chosen on one call stayed and the step was predicted over max_memory."""
+    cb = MemPlanCallback("auto", max_memory="1TiB", backend="aot_eager", measure_batches=2)
+    _trainer(tmp_path, cb, epochs=1).fit(TinyNet(width=64, batch=256, batches=3))  # one call per step
+    one = cb.plan
+    fastest = one.candidates[one.chosen]
+    limit = one.baseline_bytes + fastest.peak_bytes  # the fastest plan fits on one call, exactly
+    cb = MemPlanCallback("auto", max_memory=limit, backend="aot_eager", measure_batches=2)
+    trainer = _trainer(tmp_path, cb, epochs=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(_TwoCalls(width=64, batch=256, batches=4))
+    two = cb.plan
+    assert cb.fallback_reason is None and "judged on 2 forward calls" in two.reason, two.reason
+    chosen = two.candidates[two.chosen]
+    assert chosen.label != fastest.label
+    fits = [c for c in two.candidates if c.peak_bytes is not None and two.baseline_bytes + c.peak_bytes <= limit]
+    assert chosen in fits and chosen.cost == min(c.cost for c in fits)
+    assert {r.calls for r in cb.forecast.regions} == {2}
+    assert two.baseline_bytes + two.predicted_peak_bytes <= limit
+    messages = [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)]
+    assert not any("exceeds max_memory" in m for m in messages), messages
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01, row
+
+
 def test_mlflow_logger_gets_the_metrics_and_the_timeline_artifact(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning.pytorch.loggers import MLFlowLogger

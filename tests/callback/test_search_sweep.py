@@ -65,3 +65,35 @@ def test_a_remat_only_search_and_its_plan_round_trip_through_json(tmp_path) -> N
     assert plan.solver == "remat" and all(c.peak_bytes for c in plan.candidates)
     back = MemPlan.load(plan.save(tmp_path / "plan.json"))
     assert back == plan
+
+
+def test_kept_forecasts_rejudge_the_candidates_without_compiling(monkeypatch) -> None:  # noqa: ANN001
+    import pytest
+
+    from lightning_memplan.search import PlanDoesNotFit, rejudge
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.GELU(), nn.Linear(64, 1))
+    result = search(model, (torch.randn(256, 64),), budgets=(1.0, 0.3), checkpoint_sets=((), ("0",)),
+                    remat_budgets=(), keep_forecasts=True)
+    plan, kept = result.plan, result.forecasts
+    assert len(kept) == len(plan.candidates) == 4 and all(fc is not None for fc in kept)
+    assert all(fc._backend is None and fc.regions[0]._graphs == (None, None) for fc in kept)  # plain data
+    monkeypatch.setattr("torch.compile", lambda *a, **k: pytest.fail("rejudge compiled"))
+    # judged on two calls: every candidate's peak is its forecast laid out for two calls
+    two = rejudge(plan, kept, lambda fc: (fc.baseline_bytes, fc.repeated(2).peak_bytes), max_memory=None,
+                  solver="dp")
+    assert [c.peak_bytes for c in two.candidates] == [fc.repeated(2).peak_bytes for fc in kept]
+    assert all(c2.peak_bytes > c1.peak_bytes for c1, c2 in zip(plan.candidates, two.candidates))
+    assert [c.cost for c in two.candidates] == [c.cost for c in plan.candidates]
+    # with a limit only the smallest two-call plan meets, that one is chosen
+    smallest = min(two.candidates, key=lambda c: c.peak_bytes)
+    limit = two.baseline_bytes + smallest.peak_bytes
+    fit = rejudge(plan, kept, lambda fc: (fc.baseline_bytes, fc.repeated(2).peak_bytes), max_memory=limit,
+                  solver="dp")
+    assert fit.candidates[fit.chosen].peak_bytes == smallest.peak_bytes
+    with pytest.raises(PlanDoesNotFit, match="no plan fits max_memory"):
+        rejudge(plan, kept, lambda fc: (fc.baseline_bytes, fc.repeated(2).peak_bytes), max_memory=limit - 1,
+                solver="dp")
+    with pytest.raises(ValueError, match=r"rejudge: 0 forecasts for 4 candidates; search with keep_forecasts=True"):
+        rejudge(plan, (), lambda fc: (0, 0), max_memory=None, solver="dp")
