@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -218,6 +219,16 @@ def force_disable_caches_patch() -> contextlib.AbstractContextManager[Any]:
     return cfg.patch(force_disable_caches=True)
 
 
+def eager_backward_compile() -> contextlib.AbstractContextManager[Any] | None:
+    """A scoped patch that makes AOTAutograd compile each backward graph while compiling its forward
+    (``torch._functorch.config.force_non_lazy_backward_lowering``), so the backward is captured
+    without running it; ``None`` on a torch without that setting."""
+    cfg = functorch_config()
+    if not hasattr(cfg, "force_non_lazy_backward_lowering"):
+        return None
+    return cfg.patch(force_non_lazy_backward_lowering=True)
+
+
 def force_disable_caches_value() -> bool:
     return bool(require("torch.compiler", "config").force_disable_caches)
 
@@ -363,6 +374,69 @@ def torch_fx_peak_estimate(fw_graph: torch.fx.Graph, bw_graph: torch.fx.Graph) -
     finally:
         me.device_filter = orig
     return int(max(max(fwd), baseline + max(bwd)) - fwd[0])
+
+
+# --------------------------------------------------------------------------- FSDP2 internals
+class Fsdp2Units(NamedTuple):
+    """FSDP2 units of a model (see :func:`fsdp2_units`)."""
+
+    #: One :class:`~lightning_memplan.fsdp_memory.FsdpUnit` per ``fully_shard`` parameter group.
+    units: tuple[Any, ...]
+    #: The units' parameter groups (same order): whose forward is running (:func:`fsdp2_active_unit`).
+    groups: tuple[Any, ...]
+    #: The process-group backend of the all-gathers (``"gloo"``, ``"nccl"``, ...).
+    backend: str
+
+
+def fsdp2_units(model: torch.nn.Module) -> Fsdp2Units | None:
+    """The FSDP2 (``fully_shard``) units in ``model`` with their parameters' sizes, read from FSDP's
+    parameter groups (``FSDPParam._orig_size``, ``padded_sharded_param_size``; the mesh's shard size;
+    ``post_forward_mesh_info`` is None when a unit keeps its parameters after forward, as the root
+    does). ``None`` when there is none, or when this torch's internals differ (then nothing is
+    forecast for FSDP)."""
+    from lightning_memplan.fsdp_memory import FsdpParam, FsdpUnit
+
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        units, groups, backend = [], [], ""
+        for name, module in model.named_modules():
+            if not isinstance(module, FSDPModule):
+                continue
+            state = module._get_fsdp_state()
+            group = state._fsdp_param_group
+            if group is None:
+                continue
+            world = int(group.mesh_info.shard_mesh_size)
+            params = []
+            for fp in group.fsdp_params:
+                size = tuple(fp._orig_size)
+                numel = math.prod(size)
+                dim0 = size[0] if size else 1
+                shard = math.prod(tuple(fp.padded_sharded_param_size))
+                param = fp.sharded_param
+                params.append(FsdpParam(numel=numel, dim0=dim0, padded_shard_numel=shard,
+                                        itemsize=param.element_size(), requires_grad=param.requires_grad))
+            units.append(FsdpUnit(name=name or "root", world_size=world, params=tuple(params),
+                                  is_root=bool(state._is_root),
+                                  reshard_after_forward=group.post_forward_mesh_info is not None))
+            groups.append(group)
+            backend = backend or str(torch.distributed.get_backend(group._all_gather_process_group))
+    except Exception:  # noqa: BLE001 - other internals: no FSDP forecast
+        return None
+    return Fsdp2Units(tuple(units), tuple(groups), backend) if units else None
+
+
+def fsdp2_active_unit(groups: Sequence[Any]) -> int | None:
+    """Index of the innermost unit of ``groups`` (outermost first, as :func:`fsdp2_units` lists
+    them) whose forward is running (its group's training state is ``FORWARD``); ``None`` if none."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+        active = [i for i, g in enumerate(groups) if g._training_state == TrainingState.FORWARD]
+    except Exception:  # noqa: BLE001 - other internals
+        return None
+    return active[-1] if active else None
 
 
 # --------------------------------------------------------------------------- tensors and pytrees

@@ -143,6 +143,8 @@ class MemPlanCallback(Callback):
       state, the previous step's gradients)
     - ``memplan/activations_bytes``, ``memplan/parameters_bytes``, ``memplan/gradients_bytes``,
       ``memplan/optimizer_state_bytes``: the forecast breakdown
+    - ``memplan/fsdp_buffers_bytes`` (FSDP2 only): FSDP's all-gathered parameters and communication
+      buffers live at the forecast peak
 
     A metric that is unknown (e.g. no batch measured yet, or a failed forecast) is not logged.
     """
@@ -389,13 +391,13 @@ class MemPlanCallback(Callback):
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
             self._fall_back(f"installing the plan failed: {exc!r}")
             return
-        if fc is not None and forward_has_collectives(module):
+        if fc is not None and forward_has_collectives(module) and not (fc.breakdown and fc.breakdown.fsdp_buffers):
             warnings.warn(
-                "MemPlanCallback: the parameters are sharded (FSDP or tensor parallelism). The forecast "
-                "counts this rank's shards of the parameters, gradients and optimizer state, and the "
-                "activations of the compiled graphs; the unsharded parameters FSDP all-gathers for each "
-                "unit and its all-gather and reduce-scatter buffers are not forecast yet, so the measured "
-                "peak (memplan/measured_peak_bytes) will be higher than predicted.", MemPlanWarning, stacklevel=2)
+                "MemPlanCallback: the parameters are sharded (FSDP1, tensor parallelism, or FSDP2 internals "
+                "this version cannot read). The forecast counts this rank's shards of the parameters, gradients "
+                "and optimizer state, and the activations of the compiled graphs; the unsharded parameters "
+                "and communication buffers are not forecast, so the measured peak "
+                "(memplan/measured_peak_bytes) will be higher than predicted.", MemPlanWarning, stacklevel=2)
         self.forecast = fc
         self.plan = plan
         if not self._may_replan() and self._fit_batches > 1:
@@ -596,7 +598,7 @@ class MemPlanCallback(Callback):
                 metrics["memplan/predicted_peak_bytes"] = float(plan.predicted_peak_bytes)
             if plan.baseline_bytes is not None:
                 metrics["memplan/baseline_bytes"] = float(plan.baseline_bytes)
-            for key in ("activations", "parameters", "gradients", "optimizer_state"):
+            for key in ("activations", "parameters", "gradients", "optimizer_state", "fsdp_buffers"):
                 if key in plan.breakdown:
                     metrics[f"memplan/{key}_bytes"] = float(plan.breakdown[key])
         if measured is not None:

@@ -498,6 +498,10 @@ class MemplanBackend:
         self.executions: list[int] = []
         #: Whether calls of the compiled regions are appended to ``executions``.
         self.recording = False
+        #: Called at each recorded call; its results, aligned with ``executions``, go to ``owners``
+        #: (e.g. the FSDP unit whose forward is running).
+        self.call_owner: Callable[[], int | None] | None = None
+        self.owners: list[int | None] = []
 
     def sweep_regions(self, budget: float, checkpoint: Sequence[str] = ()) -> list[RegionCapture]:
         """The regions captured for a sweep plan, one per compiled region, in order: the backend's
@@ -589,11 +593,12 @@ class MemplanBackend:
     def _counted(self, fn: Callable[..., Any], index: int) -> Callable[..., Any]:
         """``fn`` (region ``index``'s compiled forward), appending ``index`` to ``executions`` at
         each call while ``recording``."""
-        executions = self.executions
+        executions, owners = self.executions, self.owners
 
         def memplan_region(*args: Any, **kwargs: Any) -> Any:
             if self.recording:
                 executions.append(index)
+                owners.append(self.call_owner() if self.call_owner is not None else None)
             return fn(*args, **kwargs)
 
         return memplan_region

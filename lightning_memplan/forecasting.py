@@ -29,7 +29,7 @@ import time
 import types
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,8 @@ from lightning_memplan.estimator import (
     node_device,
     profile_region,
 )
+from lightning_memplan.fsdp_memory import Collectives, Point, fsdp_step_events
+from lightning_memplan.fsdp_memory import Event as FsdpEvent
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.workspace import probe_workspace
 
@@ -77,7 +79,7 @@ solver, or ``("remat", budget)`` for whole-graph rematerialization."""
 @dataclass(frozen=True, kw_only=True)
 class MemoryBreakdown:
     """Bytes by category. Invariants: ``parameters + buffers + inputs + optimizer_state`` is the
-    baseline; ``activations + gradients + optimizer_temporaries`` is the peak above it."""
+    baseline; ``activations + gradients + optimizer_temporaries + fsdp_buffers`` is the peak above it."""
 
     parameters: int
     buffers: int
@@ -89,6 +91,9 @@ class MemoryBreakdown:
     gradients: int
     #: Optimizer step temporaries live at the peak.
     optimizer_temporaries: int
+    #: FSDP2's buffers live at the peak (all-gathered parameters, all-gather outputs, reduce-scatter
+    #: inputs, the collectives' copies; :mod:`lightning_memplan.fsdp_memory`); 0 without FSDP.
+    fsdp_buffers: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,7 +184,8 @@ class Forecast:
     cuda_allocator: AllocatorForecast | None = None
     _step: Callable[[], torch.Tensor] = field(repr=False, compare=False)
     _backend: MemplanBackend = field(repr=False, compare=False)
-    #: What the timeline was laid out from: (per-region plans, executions, optimizer memory).
+    #: What the timeline was laid out from: (per-region plans, executions, optimizer memory, FSDP
+    #: overlay).
     _parts: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     def step(self) -> torch.Tensor:
@@ -217,21 +223,23 @@ class Forecast:
                              f"{calls - 1} of them (one per call after the first).")
         if calls == 1 or not self._parts or self.peak_bytes is None or self.breakdown is None:
             return self
-        plans, executions, opt = self._parts
+        plans, executions, opt, overlay = self._parts
         one = _executed(list(plans), executions)
         n = len(one)
         seq = one * calls
         ends = frozenset(n * (c + 1) - 1 for c in range(calls))
         acc = [p.param_gradients if j < n * (calls - 1) else 0 for j, p in enumerate(seq)]
         fresh = [extra[j // n - 1] if j % n == 0 and j >= n else 0 for j in range(len(seq))]
-        timeline, peak, (acts, grads, temps) = _layout(seq, opt, ends=ends, accumulate=acc, inputs=fresh)
+        timeline, peak, (acts, grads, temps, fsdp) = _layout(seq, opt, ends=ends, accumulate=acc, inputs=fresh)
         problems = self.problems
         if self.cuda_allocator is not None:
             problems += (f"{calls} calls per step: the CUDA allocator model was not run (requested bytes)",)
+        if overlay:
+            problems += (f"{calls} calls per step: FSDP's buffers are not laid out for several calls",)
         return dataclasses.replace(
             self, peak_bytes=peak, requested_peak_bytes=peak, timeline=tuple(timeline),
             breakdown=dataclasses.replace(self.breakdown, activations=acts, gradients=grads,
-                                          optimizer_temporaries=temps),
+                                          optimizer_temporaries=temps, fsdp_buffers=fsdp),
             regions=tuple(dataclasses.replace(r, calls=r.calls * calls) for r in self.regions),
             allocations=None, cuda_allocator=None, problems=problems)
 
@@ -458,6 +466,26 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
     )
 
 
+def _fsdp_overlay(fsdp: _compat.Fsdp2Units, plans: list[_Plan], executions: Sequence[int],
+                  owners: Sequence[int | None], device: str, problems: list[str]) -> dict[Point, list[FsdpEvent]]:
+    """FSDP2's buffers as layout events at the calls of :func:`_executed` (``owners`` aligned with
+    ``executions``). On a failure the timeline goes without them, with a problem noted."""
+    indices = {p.index for p in plans}
+    run_owners = [o for i, o in zip(executions, owners) if i in indices] if len(owners) == len(executions) else []
+    if not run_owners or all(o is None for o in run_owners):
+        problems.append("FSDP: no compiled call ran inside an FSDP unit's forward; its buffers are not forecast")
+        return {}
+    comm = Collectives(copies=fsdp.backend == "gloo", pad_copies=device == "cpu")
+    try:
+        events = fsdp_step_events(fsdp.units, run_owners, comm)
+    except Exception as err:  # noqa: BLE001 - the forecast stands without them
+        problems.append(f"FSDP: laying out its buffers failed: {type(err).__name__}: {err}")
+        return {}
+    problems.append("FSDP: its buffers are laid into the timeline; the allocation stream and the CUDA "
+                    "allocator model leave them out (not run)")
+    return events
+
+
 def _executed(plans: list[_Plan], executions: Sequence[int]) -> list[_Plan]:
     """``plans`` in the order the step ran them, once per call (``executions``: region indices;
     regions without a plan are skipped); ``plans`` as they are when nothing was recorded."""
@@ -469,7 +497,8 @@ def _executed(plans: list[_Plan], executions: Sequence[int]) -> list[_Plan]:
 def _layout(
     plans: list[_Plan], opt: OptimizerMemory | None, *, ends: frozenset[int] | None = None,
     accumulate: Sequence[int] = (), inputs: Sequence[int] = (),
-) -> tuple[list[TimelineStep], int, tuple[int, int, int]]:
+    overlay: Mapping[Point, Sequence[FsdpEvent]] | None = None,
+) -> tuple[list[TimelineStep], int, tuple[int, int, int, int]]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
 
     ``plans`` are in the order the step runs them, once per call. Regions form a chain: region
@@ -491,31 +520,54 @@ def _layout(
     ``inputs[j]``: bytes of fresh inputs made just before position ``j``'s forward (another view of
     the batch for a later call), live until its backward has run (default 0).
 
-    Returns the timeline, the peak, and (activations, gradients, optimizer temporaries) at the peak.
+    ``overlay``: allocations and frees of others at points of the step (FSDP's buffers,
+    :func:`~lightning_memplan.fsdp_memory.fsdp_step_events`): ``("fw" | "bw", j, "before" |
+    "after")`` position ``j``'s forward or backward, ``("zero_grad",)``; each event is a step of its
+    own, counted as FSDP buffers or, category ``"gradients"``, as gradients.
+
+    Returns the timeline, the peak, and (activations, gradients, optimizer temporaries, FSDP
+    buffers) at the peak.
     """
     ends = frozenset({len(plans) - 1}) if ends is None else ends
     acc = list(accumulate) + [0] * (len(plans) - len(accumulate))
     fresh = list(inputs) + [0] * (len(plans) - len(inputs))
     timeline: list[TimelineStep] = []
-    best = (0, (0, 0, 0))
+    best = (0, (0, 0, 0, 0))
     offset = 0
     grads = 0
+    fsdp = 0  # FSDP's buffers live
+
+    def apply(point: Point, phase: str, region: int) -> None:
+        nonlocal offset, grads, fsdp, best
+        for name, category, delta in (overlay or {}).get(point, ()):
+            offset += delta
+            if category == "gradients":
+                grads += delta
+            else:
+                fsdp += delta
+            timeline.append(TimelineStep(phase=phase, region=region, node=name, bytes=offset))
+            if offset > best[0]:
+                best = (offset, (offset - grads - fsdp, grads, 0, fsdp))
     dropped = [False] * len(plans)  # outputs freed after the next forward
     for j, p in enumerate(plans):
         offset += fresh[j]
+        apply(("fw", j, "before"), "forward", p.index)
         for node, b in zip(p.fw_nodes, p.fw_timeline):
             timeline.append(TimelineStep(phase="forward", region=p.index, node=node, bytes=offset + b))
         if offset + max(p.fw_timeline) > best[0]:
-            best = (offset + max(p.fw_timeline), (offset + max(p.fw_timeline) - grads, grads, 0))
+            best = (offset + max(p.fw_timeline), (offset + max(p.fw_timeline) - grads - fsdp, grads, 0, fsdp))
         offset += p.fw_retained
         if j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline and j - 1 not in ends:
             dropped[j - 1] = True
             offset -= plans[j - 1].fw_retained - plans[j - 1].saved
+        apply(("fw", j, "after"), "forward", p.index)
     produced = 0  # gradients of activations the previous backward returned
     for i, p in enumerate(reversed(plans)):
-        if not p.bw_timeline:
-            continue
         pos = len(plans) - 1 - i
+        apply(("bw", pos, "before"), "backward", p.index)
+        if not p.bw_timeline:
+            apply(("bw", pos, "after"), "backward", p.index)
+            continue
         last = pos in ends
         handed = 0 if last else min(p.tangents, produced)  # gradients of this region's outputs, live
         grads -= handed
@@ -527,13 +579,14 @@ def _layout(
             timeline.append(TimelineStep(phase="backward", region=p.index, node=node, bytes=start + b))
         if start + p.bw_peak > best[0]:
             g = grads + p.bw_grads_at_peak
-            best = (start + p.bw_peak, (start + p.bw_peak - g, g, 0))
+            best = (start + p.bw_peak, (start + p.bw_peak - g - fsdp, g, 0, fsdp))
         offset = start + p.bw_end - (0 if p.tangents_in_timeline else handed)
         if acc[pos]:
             top = offset + p.largest_param_gradient  # one accumulated sum beside the new gradients
             timeline.append(TimelineStep(phase="backward", region=p.index, node="accumulate_grad", bytes=top))
             if top > best[0]:
-                best = (top, (offset - grads - p.gradients, grads + p.gradients + p.largest_param_gradient, 0))
+                best = (top, (offset - grads - fsdp - p.gradients, grads + p.gradients + p.largest_param_gradient,
+                              0, fsdp))
             offset -= acc[pos]
         offset -= fresh[pos]
         grads += p.gradients - acc[pos]
@@ -542,13 +595,15 @@ def _layout(
             timeline.append(TimelineStep(phase="backward", region=p.index, node="accumulate_grad",
                                          bytes=offset + p.grad_copy))
             if offset + p.grad_copy > best[0]:
-                best = (offset + p.grad_copy, (offset - grads, grads + p.grad_copy, 0))
+                best = (offset + p.grad_copy, (offset - grads - fsdp, grads + p.grad_copy, 0, fsdp))
+        apply(("bw", pos, "after"), "backward", p.index)
     if opt is not None:
         top = offset + opt.step_peak_bytes
         timeline.append(TimelineStep(phase="optimizer", region=-1, node="step", bytes=top))
         if top > best[0]:
-            best = (top, (offset - grads, grads, opt.step_peak_bytes))
-        timeline.append(TimelineStep(phase="optimizer", region=-1, node="zero_grad", bytes=offset - grads))
+            best = (top, (offset - grads - fsdp, grads, opt.step_peak_bytes, fsdp))
+        zero = sum(d for _, _, d in (overlay or {}).get(("zero_grad",), ()))
+        timeline.append(TimelineStep(phase="optimizer", region=-1, node="zero_grad", bytes=offset - grads + zero))
     return timeline, best[0], best[1]
 
 
@@ -587,11 +642,15 @@ def _compile_step(
     inputs: tuple[Any, ...],
     loss_fn: Callable[[Any], torch.Tensor] | None,
     optimizer: torch.optim.Optimizer | None,
-) -> tuple[Callable[[], torch.Tensor], list[torch.Tensor], float]:
+) -> tuple[Callable[[], torch.Tensor], list[torch.Tensor], float, _compat.Fsdp2Units | None]:
     """Compile one training step with ``be`` by running forward and backward once (model restored).
-    Returns the step, the parameters and the seconds of the compiling run."""
+    Returns the step, the parameters, the seconds of the compiling run and the model's FSDP2 units
+    (``be.owners`` then says which unit each recorded call ran in)."""
     compiled = torch.compile(_make_loss(model, loss_fn), backend=be, **_compat.isolated_compile_kwargs())
     params = [p for p in model.parameters()]
+    fsdp = _compat.fsdp2_units(model)
+    groups = fsdp.groups if fsdp is not None else ()
+    be.call_owner = (lambda: _compat.fsdp2_active_unit(groups)) if fsdp is not None else None
 
     def step() -> torch.Tensor:
         loss = compiled(*inputs)
@@ -607,13 +666,21 @@ def _compile_step(
     devices = sorted({t.device.index or 0 for t in [*params, *inputs] if t.device.type == "cuda"})
     t0 = time.perf_counter()
     be.executions.clear()
+    be.owners.clear()
     be.recording = True  # which regions one step runs, and how often
     try:
         with _no_side_effects(model, devices):
-            _backward_without_hooks(compiled(*inputs), [*params, *inputs])
+            eager_bw = _compat.eager_backward_compile() if fsdp is not None else None
+            if eager_bw is not None:
+                # FSDP2: its backward hooks would reshard and reduce-scatter (inside a strategy's
+                # forward, the root must stay unsharded): compile the backwards without running them
+                with eager_bw:
+                    compiled(*inputs)
+            else:
+                _backward_without_hooks(compiled(*inputs), [*params, *inputs])
     finally:
         be.recording = False
-    return step, params, time.perf_counter() - t0
+    return step, params, time.perf_counter() - t0, fsdp
 
 
 def _backward_without_hooks(loss: torch.Tensor, leaves: list[torch.Tensor]) -> None:
@@ -667,11 +734,11 @@ def forecast(
     inner = _check_inner(backend, "forecast", "backend")
     inputs = _check_args(model, example_inputs, loss_fn, optimizer)
     be = memplan_backend(budget=b, solver=solver, inner=inner)  # type: ignore[arg-type]
-    step, params, compile_seconds = _compile_step(be, model, inputs, loss_fn, optimizer)
+    step, params, compile_seconds, fsdp = _compile_step(be, model, inputs, loss_fn, optimizer)
 
     return _assemble(be, be.regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
                      inner=inner, budget=b, solver_name=solver_name, compile_seconds=compile_seconds,
-                     step=step, stacklevel=3, executions=tuple(be.executions))
+                     step=step, stacklevel=3, executions=tuple(be.executions), fsdp=fsdp, owners=tuple(be.owners))
 
 
 def _assemble(
@@ -691,11 +758,15 @@ def _assemble(
     extra_seconds: float = 0.0,
     opt_mem: OptimizerMemory | None = None,
     executions: Sequence[int] = (),
+    fsdp: _compat.Fsdp2Units | None = None,
+    owners: Sequence[int | None] = (),
 ) -> Forecast:
     """The Forecast of one plan from its captured regions (after the compiling run).
 
     ``executions``: the region indices the compiling run called, in order (a region called several
-    times is laid out once per call); empty: each region once, in compile order.
+    times is laid out once per call); empty: each region once, in compile order. ``fsdp``: the
+    model's FSDP2 units; ``owners`` (aligned with ``executions``): the unit each call ran in. Their
+    buffers are laid into the timeline (:func:`~lightning_memplan.fsdp_memory.fsdp_step_events`).
     """
     t1 = time.perf_counter()
     problems: list[str] = [f"region {r.index}: {e}" for r in be_regions for e in r.errors]
@@ -743,13 +814,17 @@ def _assemble(
     allocations: StepAllocations | None = None
     allocator: AllocatorForecast | None = None
     requested: int | None = None
+    overlay: dict[Point, list[FsdpEvent]] = {}
     if plans:
         run = _executed(plans, executions)
-        timeline, peak, (acts, grads, temps) = _layout(run, opt_mem)
-        requested = peak
-        breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps)
-        allocations = _allocations(run, opt_mem, [s for v in storages.values() for s in v])
         device = params[0].device.type if params else "cpu"
+        if fsdp is not None:
+            overlay = _fsdp_overlay(fsdp, plans, executions, owners, device, problems)
+        timeline, peak, (acts, grads, temps, fsdp_bytes) = _layout(run, opt_mem, overlay=overlay)
+        requested = peak
+        breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps,
+                                    fsdp_buffers=fsdp_bytes)
+        allocations = None if overlay else _allocations(run, opt_mem, [s for v in storages.values() for s in v])
         consistent = allocations is not None and allocations.requested_peak_bytes == requested
         if allocations is not None and not consistent:
             problems.append(f"the step's allocations peak at {allocations.requested_peak_bytes} bytes, the "
@@ -774,7 +849,7 @@ def _assemble(
         timeline=tuple(timeline), budget=budget, solver=solver_name, backend=inner, status=status,
         problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
         compile_seconds=compile_seconds, overhead_seconds=overhead,
-        _step=step, _backend=be, _parts=(tuple(plans), tuple(executions), opt_mem),
+        _step=step, _backend=be, _parts=(tuple(plans), tuple(executions), opt_mem, overlay),
     )
 
 
@@ -881,7 +956,7 @@ def _grid(
                          f"and a budget of budgets, e.g. ({list(sets[-1])!r}, {bs[0]!r}).")
     be = memplan_backend(budget=run_b, solver=solver, inner="aot_eager", sweep=bs,  # type: ignore[arg-type]
                          sweep_checkpoints=emulated, model=model, run_checkpoint=run_ck, sweep_remat=rbs)
-    step, params, compile_seconds = _compile_step(be, model, inputs, loss_fn, optimizer)
+    step, params, compile_seconds, fsdp = _compile_step(be, model, inputs, loss_fn, optimizer)
 
     out: dict[GridKey, Forecast] = {}
     opt_mem = optimizer_memory(optimizer) if optimizer is not None else None  # the same for every plan
@@ -905,7 +980,8 @@ def _grid(
                              compile_seconds=compile_seconds, step=run_step, stacklevel=4,
                              extra_seconds=(sum(r.compile_seconds for r in regions)
                                             if run_step is not step else 0.0),
-                             opt_mem=opt_mem, executions=tuple(be.executions))
+                             opt_mem=opt_mem, executions=tuple(be.executions), fsdp=fsdp,
+                             owners=tuple(be.owners))
     return out
 
 

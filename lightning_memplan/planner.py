@@ -366,6 +366,8 @@ def forecast_plan(
         breakdown = {"activations": b.activations, "parameters": b.parameters + b.buffers,
                      "gradients": grads, "optimizer_state": b.optimizer_state, "inputs": b.inputs,
                      "optimizer_temporaries": b.optimizer_temporaries}
+        if b.fsdp_buffers:
+            breakdown["fsdp_buffers"] = b.fsdp_buffers
     notes = tuple(
         f"region {r.index}: " + ("solver called" if r.decision and r.decision.solver_called
                                  else f"solver not called ({r.decision.reason if r.decision else 'unknown'})")

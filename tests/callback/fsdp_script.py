@@ -5,6 +5,7 @@ Each rank writes what it planned and measured to OUT_DIR/rank{r}.json.
 """
 from __future__ import annotations
 
+import csv
 import json
 import sys
 import warnings
@@ -19,6 +20,7 @@ from models import TinyNet  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
+from lightning_memplan._compat import fsdp2_units  # noqa: E402
 from lightning_memplan.callback import MemPlanWarning  # noqa: E402
 
 
@@ -32,16 +34,22 @@ class ShardedNet(TinyNet):
         fully_shard(self, mesh=mesh)
 
 
+def _logged(trainer: Trainer, key: str) -> list[str]:
+    """Every value of ``key`` in the CSV logger's metrics."""
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
+        return [row[key] for row in csv.DictReader(f) if row.get(key)]
+
+
 def main(out_dir: str) -> None:
     cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
-                         remat_budgets=(0.4,))
+                         remat_budgets=(0.4,), measure_batches=5)
     trainer = Trainer(
         max_epochs=1, accelerator="cpu", devices=2, callbacks=[cb],
         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
         logger=CSVLogger(out_dir), enable_checkpointing=False, enable_model_summary=False,
         enable_progress_bar=False,
     )
-    model = ShardedNet(width=64, batches=6)
+    model = ShardedNet(width=64, batches=12)  # 6 batches per rank: 4 measured windows
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", MemPlanWarning)
         trainer.fit(model)
@@ -56,6 +64,9 @@ def main(out_dir: str) -> None:
         "fallback": cb.fallback_reason, "measured": cb.measured,
         "predicted": plan.predicted_peak_bytes if plan else None,
         "parameters": plan.breakdown.get("parameters") if plan else None,
+        "fsdp_buffers": cb.forecast.breakdown.fsdp_buffers if cb.forecast and cb.forecast.breakdown else None,
+        "logged_fsdp_buffers": _logged(trainer, "memplan/fsdp_buffers_bytes") if rank == 0 else [],
+        "largest_unit_bytes": max(u.unsharded_bytes for u in fsdp2_units(model).units),
         "local_parameter_bytes": sum(shards.values()), "full_parameter_bytes": full,
         "warnings": [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)],
     }))

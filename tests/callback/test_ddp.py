@@ -36,14 +36,24 @@ def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
 
 def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path: Path) -> None:
     """FSDP2 (``fully_shard`` under Lightning's ModelParallelStrategy): the forward all-gathers, so the
-    candidates' forecasts must run on every rank (rank 0 alone hung in its first all-gather)."""
+    candidates' forecasts must run on every rank (rank 0 alone hung in its first all-gather). FSDP's
+    own buffers (all-gathered parameters, reduce-scatter inputs, gloo's copies) are forecast: without
+    them the prediction was 71% low."""
     ranks = _two_ranks("fsdp_script.py", tmp_path, timeout=300)
     assert ranks[0]["candidates"] == ranks[1]["candidates"] == 3
     assert all(r["measured"] and r["measured"][0] for r in ranks)
     # the baseline counts this rank's shards (DTensor.to_local), not the full parameters (the root
     # unit's own parameters, the head, are unsharded while the forecast runs inside the forward)
     assert ranks[0]["local_parameter_bytes"] <= ranks[0]["parameters"] < 0.6 * ranks[0]["full_parameter_bytes"]
-    # what the forecast leaves out is said, not hidden
-    assert any("FSDP" in w and "all-gather" in w for w in ranks[0]["warnings"]), ranks[0]["warnings"]
-    print(f"\nFSDP2 2 ranks budget {ranks[0]['budget']}: predicted {ranks[0]['predicted']} B, "
-          f"measured {[r['measured'][0] for r in ranks]} B")
+    print(f"\nFSDP2 2 ranks budget {ranks[0]['budget']}: predicted {ranks[0]['predicted']} B "
+          f"(FSDP buffers {ranks[0]['fsdp_buffers']} B), measured {[r['measured'] for r in ranks]} B")
+    assert not ranks[0]["warnings"], ranks[0]["warnings"]  # nothing left out to warn about
+    assert ranks[0]["fsdp_buffers"] > 0
+    assert [float(v) for v in ranks[0]["logged_fsdp_buffers"]] == [ranks[0]["fsdp_buffers"]]  # one epoch
+    # gloo frees its copy of a unit's buffers on its own thread, sometimes late: a window can then
+    # see one or two more units live, or (the copy allocated in the window before) one freed; the
+    # forecast is the step without them: some window measures it, and every window lies in that band
+    predicted, unit = ranks[0]["predicted"], ranks[0]["largest_unit_bytes"]
+    peaks = [p for r in ranks for p in r["measured"][0]]
+    assert len(peaks) >= 6 and any(abs(p - predicted) <= 0.03 * p for p in peaks), (predicted, peaks)
+    assert all(predicted - 0.5 * unit <= p <= predicted + 2.2 * unit for p in peaks), (predicted, unit, peaks)

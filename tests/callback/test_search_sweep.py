@@ -1,6 +1,7 @@
 """search() on aot_eager traces once, whatever the number of budgets and checkpoint sets."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -67,9 +68,7 @@ def test_a_remat_only_search_and_its_plan_round_trip_through_json(tmp_path) -> N
     assert back == plan
 
 
-def test_kept_forecasts_rejudge_the_candidates_without_compiling(monkeypatch) -> None:  # noqa: ANN001
-    import pytest
-
+def test_kept_forecasts_rejudge_the_candidates_without_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_memplan.search import PlanDoesNotFit, rejudge
 
     torch.manual_seed(0)

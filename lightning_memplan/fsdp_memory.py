@@ -1,0 +1,229 @@
+"""The memory FSDP2 (``fully_shard``) allocates and frees around the compiled graphs of one step.
+
+A pure model on plain data (unit sizes, which unit each compiled call ran in); the forecast lays its
+events into the step's timeline. Each FSDP unit (a module passed to ``fully_shard``; the root is the
+outermost) has, with world size ``N`` and ``c_p = ceil(d0 / N) * numel_p / d0`` the padded shard of
+parameter ``p`` (every rank pads its shard to the first one's size):
+
+* ``S = sum_p c_p * itemsize``: the shard bytes, of the sharded parameters and of the reduce-scatter
+  output that becomes the sharded gradients;
+* ``U = N * S``: the all-gather output, the unsharded parameters (one padded storage per parameter)
+  and the reduce-scatter input;
+* ``P = sum_p numel_p * itemsize`` over parameters that require grad: autograd's unsharded gradients.
+
+One step (torch 2.13's ``_fsdp_param_group``; checked event by event, byte for byte, against the
+profiler on 2 and 3 gloo processes):
+
+* root pre-forward: all-gather output ``+U(r)``, unsharded parameters ``+U(r)``; the root keeps its
+  parameters unsharded until the end of the backward (``reshard_after_forward`` is False for it).
+* each unit's pre-forward: ``+U`` all-gather output, ``+U`` unsharded parameters, then the previous
+  all-gather output is freed (the forward keeps one until the next copy-out); its post-forward frees
+  the unsharded parameters (``reshard_after_forward``); the root's post-forward frees the last
+  all-gather output.
+* backward, units in reverse: the root's pre-backward prefetches the last unit's all-gather; each
+  unit's pre-backward copies out its parameters (``+U``), frees its all-gather output and prefetches
+  the next unit's (``+U``); its post-backward frees the parameters, frees the reduce-scatter input
+  held from the previous unit, allocates its own (``+U``), frees autograd's gradients (``-P``) and
+  allocates the sharded gradients (``+S``, live until ``zero_grad``). The first unit's post-backward
+  waits for the final callback when its input needs no gradient; the callback runs the root's, then
+  that one, then frees the last reduce-scatter input.
+* a unit that does not reshard after forward keeps its parameters and all-gathers nothing in the
+  backward.
+
+Collective temporaries depend on the backend (:class:`Collectives`): gloo copies ``U`` once per
+all-gather and reduce-scatter (transient); on CPU the reduce-scatter pads every gradient whose first
+dimension ``N`` does not divide (all live at once, transient). NCCL writes in place.
+
+Not modelled: mixed precision (``MixedPrecisionPolicy``: an extra copy-in buffer per unit), CPU
+offload, HSDP, explicit prefetching, gloo releasing a reduce-scatter copy late.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Collectives", "FsdpParam", "FsdpUnit", "Point", "fsdp_step_events"]
+
+#: Where events go in the step: ``("fw" | "bw", position, "before" | "after")`` of the compiled call at
+#: ``position`` (in the order one step runs them), or ``("zero_grad",)``.
+Point = tuple
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsdpParam:
+    """One sharded parameter: its full ``numel`` and first dimension, and the padded numel of one
+    rank's shard (``ceil(dim0 / world) * numel / dim0``)."""
+
+    numel: int
+    dim0: int
+    padded_shard_numel: int
+    #: Bytes per element.
+    itemsize: int
+    requires_grad: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsdpUnit:
+    """One FSDP unit (``fully_shard``'s parameter group). Sizes in bytes."""
+
+    name: str
+    world_size: int
+    params: tuple[FsdpParam, ...]
+    is_root: bool = False
+    reshard_after_forward: bool = True
+
+    @property
+    def shard_bytes(self) -> int:
+        """``S``: one rank's padded shard, and the sharded gradients."""
+        return sum(p.padded_shard_numel * p.itemsize for p in self.params)
+
+    @property
+    def unsharded_bytes(self) -> int:
+        """``U``: the all-gather output, the unsharded parameters, the reduce-scatter input."""
+        return self.world_size * self.shard_bytes
+
+    @property
+    def grad_bytes(self) -> int:
+        """``P``: autograd's unsharded gradients (unpadded)."""
+        return sum(p.numel * p.itemsize for p in self.params if p.requires_grad)
+
+    @property
+    def pad_copy_bytes(self) -> int:
+        """Padded copies the CPU reduce-scatter makes of gradients whose first dimension the world
+        size does not divide (all live at once)."""
+        return sum(self.world_size * p.padded_shard_numel * p.itemsize for p in self.params
+                   if p.requires_grad and p.dim0 % self.world_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collectives:
+    """What the collectives allocate besides FSDP's buffers."""
+
+    #: gloo: one transient copy of ``U`` per all-gather and reduce-scatter (NCCL: none).
+    copies: bool = False
+    #: CPU: padded copies of the gradients the reduce-scatter packs (see ``FsdpUnit.pad_copy_bytes``).
+    pad_copies: bool = False
+
+
+#: One event: ``(name, category, bytes)``; ``bytes`` > 0 allocates, < 0 frees. ``category`` is
+#: ``"fsdp"`` (FSDP's buffers) or ``"gradients"`` (autograd's unsharded gradients freed, the sharded
+#: ones made).
+Event = tuple[str, str, int]
+
+
+def fsdp_step_events(
+    units: Sequence[FsdpUnit],
+    owners: Sequence[int | None],
+    collectives: Collectives = Collectives(),
+) -> dict[Point, list[Event]]:
+    """FSDP's allocations and frees of one training step, by where they happen (see the module
+    docstring).
+
+    ``owners[j]``: the index into ``units`` of the innermost unit whose forward ran the compiled
+    call at position ``j`` (``None``: no unit). Units no call belongs to (no compiled code ran in
+    them) are left out, except the root (``is_root``), whose forward holds the others': when its
+    own layers ran uncompiled (dynamo does not compile ``torch.nn``'s frames, e.g. a ``Linear``
+    head), their unsharded gradients are counted from the start of the backward. The first
+    unit's post-backward waits for the final callback when it owns the step's first call (its
+    input is the batch, which needs no gradient). Bytes are per rank.
+    """
+    n = len(owners)
+    if n == 0:
+        return {}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for j, u in enumerate(owners):
+        if u is not None:
+            first.setdefault(u, j)
+            last[u] = j
+    root = next((i for i, u in enumerate(units) if u.is_root), None)
+    blocks = sorted((i for i in first if i != root), key=first.__getitem__)
+    if root is None and not blocks:
+        return {}
+    # the root's forward holds every unit's: it ends after the last call any unit ran
+    end_fw = max(last.values(), default=n - 1)
+    out: dict[Point, list[Event]] = {}
+
+    def add(point: Point, name: str, nbytes: int, category: str = "fsdp") -> None:
+        if nbytes:
+            out.setdefault(point, []).append((name, category, nbytes))
+
+    def all_gather(point: Point, u: FsdpUnit) -> None:
+        add(point, f"fsdp all-gather {u.name}", u.unsharded_bytes)
+        if collectives.copies:  # the backend's own copy, transient
+            add(point, f"fsdp all-gather copy {u.name}", u.unsharded_bytes)
+            add(point, f"fsdp all-gather copy {u.name} freed", -u.unsharded_bytes)
+
+    held: list[int] = []  # the reduce-scatter input kept until the next unit's post-backward
+
+    def post_backward(point: Point, i: int) -> None:
+        u = units[i]
+        add(point, f"fsdp reshard {u.name}", -u.unsharded_bytes)
+        if held:
+            add(point, f"fsdp reduce-scatter input {units[held[0]].name} freed", -units[held.pop()].unsharded_bytes)
+        add(point, f"fsdp reduce-scatter input {u.name}", u.unsharded_bytes)
+        if collectives.pad_copies and u.pad_copy_bytes:
+            add(point, f"fsdp reduce-scatter padding {u.name}", u.pad_copy_bytes)
+            add(point, f"fsdp reduce-scatter padding {u.name} freed", -u.pad_copy_bytes)
+        add(point, f"fsdp unsharded gradients {u.name} freed", -u.grad_bytes, "gradients")
+        add(point, f"fsdp sharded gradients {u.name}", u.shard_bytes, "gradients")
+        if collectives.copies:
+            add(point, f"fsdp reduce-scatter copy {u.name}", u.unsharded_bytes)
+            add(point, f"fsdp reduce-scatter copy {u.name} freed", -u.unsharded_bytes)
+        held.append(i)
+
+    # forward
+    gathered: list[int] = []  # the all-gather output kept until the next copy-out
+    if root is not None:
+        r = units[root]
+        all_gather(("fw", 0, "before"), r)
+        add(("fw", 0, "before"), f"fsdp unsharded parameters {r.name}", r.unsharded_bytes)
+        gathered.append(root)
+    for i in blocks:
+        u, point = units[i], ("fw", first[i], "before")
+        all_gather(point, u)
+        add(point, f"fsdp unsharded parameters {u.name}", u.unsharded_bytes)
+        if gathered:
+            add(point, f"fsdp all-gather {units[gathered[0]].name} freed", -units[gathered.pop()].unsharded_bytes)
+        gathered.append(i)
+        if u.reshard_after_forward:
+            add(("fw", last[i], "after"), f"fsdp reshard {u.name}", -u.unsharded_bytes)
+    if gathered:  # the root's post-forward
+        add(("fw", end_fw, "after"), f"fsdp all-gather {units[gathered[0]].name} freed",
+            -units[gathered.pop()].unsharded_bytes)
+    # backward: units in reverse; a unit that kept its parameters all-gathers nothing
+    prefetched: set[int] = set()
+    order = blocks[::-1]
+    if order and units[order[0]].reshard_after_forward:  # the root's pre-backward prefetches the last unit
+        all_gather(("bw", end_fw, "before"), units[order[0]])
+        prefetched.add(order[0])
+    if root is not None and root not in first:  # the root's own layers ran uncompiled: their gradients
+        add(("bw", end_fw, "before"), f"fsdp unsharded gradients {units[root].name} (uncompiled)",
+            units[root].grad_bytes, "gradients")
+    deferred = blocks[0] if blocks and first[blocks[0]] == 0 else None
+    for k, i in enumerate(order):
+        u, point = units[i], ("bw", last[i], "before")
+        if u.reshard_after_forward:
+            if i not in prefetched:
+                all_gather(point, u)
+            add(point, f"fsdp unsharded parameters {u.name}", u.unsharded_bytes)
+            add(point, f"fsdp all-gather {u.name} freed", -u.unsharded_bytes)
+            nxt = order[k + 1] if k + 1 < len(order) else None
+            if nxt is not None and units[nxt].reshard_after_forward:
+                all_gather(point, units[nxt])
+                prefetched.add(nxt)
+        if i != deferred:
+            post_backward(("bw", first[i], "after"), i)
+    end = ("bw", 0, "after")  # the final callback: the root, then a deferred first unit
+    for i in (root, deferred):
+        if i is not None:
+            post_backward(end, i)
+    if held:
+        add(end, f"fsdp reduce-scatter input {units[held[0]].name} freed", -units[held.pop()].unsharded_bytes)
+    # zero_grad frees the sharded gradients, not the unsharded ones the timeline counted
+    called = [i for i in (root, *blocks) if i is not None and i in first]
+    if root is not None and root not in first:
+        add(("zero_grad",), "fsdp sharded gradients freed", -units[root].shard_bytes, "gradients")
+    add(("zero_grad",), "fsdp sharded gradients freed",
+        sum(units[i].grad_bytes - units[i].shard_bytes for i in called), "gradients")
+    return out

@@ -1,0 +1,89 @@
+"""FSDP2's buffers of one step, against the sequence the profiler recorded (2 gloo processes, 3
+residual blocks of width 256 with a 512 hidden layer and a Linear(256, 1) head; root unit first)."""
+from __future__ import annotations
+
+import itertools
+
+from lightning_memplan.fsdp_memory import (
+    Collectives,
+    FsdpParam,
+    FsdpUnit,
+    fsdp_step_events,
+)
+
+
+def _linear(d_in: int, d_out: int, world: int) -> tuple[FsdpParam, FsdpParam]:
+    """A Linear's weight (d_out x d_in) and bias, sharded on dim 0 and padded to the first shard."""
+    rows = -(-d_out // world)
+    return (FsdpParam(numel=d_out * d_in, dim0=d_out, padded_shard_numel=rows * d_in, itemsize=4),
+            FsdpParam(numel=d_out, dim0=d_out, padded_shard_numel=rows, itemsize=4))
+
+
+def _units(world: int = 2, hidden: int = 512) -> list[FsdpUnit]:
+    root = FsdpUnit(name="root", world_size=world, params=_linear(256, 1, world), is_root=True,
+                    reshard_after_forward=False)
+    blocks = [FsdpUnit(name=f"blocks.{i}", world_size=world,
+                       params=(*_linear(256, hidden, world), *_linear(hidden, 256, world))) for i in range(3)]
+    return [root, *blocks]
+
+
+def test_unit_sizes_are_padded_shards() -> None:
+    root, block, *_ = _units()
+    assert (block.grad_bytes, block.unsharded_bytes, block.shard_bytes) == (1051648, 1051648, 525824)
+    assert (root.grad_bytes, root.unsharded_bytes, root.shard_bytes) == (1028, 2056, 1028)  # 1 row padded to 2
+    assert block.pad_copy_bytes == 0 and root.pad_copy_bytes == 2056  # the 1-row weight and bias, padded
+    _, block3, *_ = _units(world=3)  # 512 and 256 rows are padded to 513 and 258
+    assert (block3.grad_bytes, block3.unsharded_bytes, block3.shard_bytes) == (1051648, 1056780, 352260)
+
+
+def _running(events: dict, owners: list, category: str) -> dict:
+    """Bytes of ``category`` live after each point, in step order."""
+    n = len(owners)
+    points = [p for j in range(n) for p in (("fw", j, "before"), ("fw", j, "after"))]
+    points += [p for j in reversed(range(n)) for p in (("bw", j, "before"), ("bw", j, "after"))]
+    points.append(("zero_grad",))
+    out, cur, peak = {}, 0, 0
+    for p in points:
+        for _, cat, delta in events.get(p, ()):
+            if cat == category:
+                cur += delta
+                peak = max(peak, cur)
+        out[p] = (cur, peak)
+    return out
+
+
+def test_the_step_matches_the_profiled_sequence() -> None:
+    units = _units()
+    U, S, Ur, Sr = 1051648, 525824, 2056, 1028
+    owners = [1, 2, 3, 0, None]  # the three blocks' calls, the head (root), the loss (no unit)
+    ev = fsdp_step_events(units, owners, Collectives(copies=False))
+    fsdp = _running(ev, owners, "fsdp")
+    assert fsdp[("fw", 0, "before")] == (Ur + 2 * U, 2 * Ur + 2 * U)  # root AG freed after u0's copy-out
+    assert fsdp[("fw", 0, "after")][0] == Ur + U  # u0 resharded; its AG held until u1's copy-out
+    assert fsdp[("fw", 2, "before")][1] == Ur + 3 * U  # the forward's most
+    assert fsdp[("fw", 4, "after")][0] == Ur  # root's post-forward freed the last AG; the root stays
+    assert fsdp[("bw", 2, "before")][0] == Ur + 2 * U  # u2 unsharded, u1 prefetched
+    assert fsdp[("bw", 2, "after")][0] == Ur + 2 * U  # u2 resharded, its RS input held
+    assert fsdp[("bw", 1, "before")] == (Ur + 3 * U, Ur + 3 * U)  # u1 unsharded, u0 prefetched, u2's RS input
+    assert fsdp[("bw", 0, "after")][0] == 0  # u0 waited for the callback; everything is freed
+    grads = _running(ev, owners, "gradients")
+    assert grads[("bw", 0, "after")][0] == 3 * (S - U) + (Sr - 1028)  # unsharded gradients -> shards
+    assert grads[("zero_grad",)][0] == 3 * (S - U) + (Sr - 1028) + 3 * (U - S) + (1028 - Sr)  # back to 0
+    # the callback: the root's post-backward, then u0's (its input, the batch, needs no gradient)
+    names = [name for name, _, _ in ev[("bw", 0, "after")]]
+    assert names.index("fsdp reshard root") < names.index("fsdp reshard blocks.0")
+    # gloo copies U once per collective, transiently: 4 all-gathers in the forward add to the peak
+    gloo = _running(fsdp_step_events(units, owners, Collectives(copies=True)), owners, "fsdp")
+    assert gloo[("bw", 1, "before")][1] == Ur + 3 * U + U  # u0's prefetch copy on top (profiled: 4,734,472 - S)
+
+
+def test_units_that_keep_their_parameters_gather_nothing_in_the_backward() -> None:
+    units = [u if u.is_root else FsdpUnit(name=u.name, world_size=2, params=u.params, reshard_after_forward=False)
+             for u in _units()]
+    owners = [1, 2, 3, 0]
+    ev = fsdp_step_events(units, owners)
+    names = [name for name, _, _ in itertools.chain.from_iterable(ev.values())]
+    assert sum(n.startswith("fsdp all-gather blocks") and not n.endswith("freed") for n in names) == 3  # forward
+    fsdp = _running(ev, owners, "fsdp")
+    assert fsdp[("fw", 3, "after")][0] == 2056 + 3 * 1051648  # every block still unsharded
+    assert fsdp[("bw", 0, "after")][0] == 0
