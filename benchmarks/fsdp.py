@@ -20,6 +20,7 @@ runs uncompiled. The forecast counts the root's gradients then, not the head's a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections import Counter
@@ -103,7 +104,7 @@ def _rank(rank: int, world: int, backends: list[str], port: str, out: str) -> No
                              typical, min(peaks), max(peaks)))
                 torch._dynamo.reset()
     if rank == 0:
-        Path(out).write_text(repr(rows))
+        Path(out).write_text(json.dumps(rows))
     dist.destroy_process_group()
 
 
@@ -114,7 +115,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"memplan_fsdp_bench_{os.getpid()}.txt"
     mp.spawn(_rank, args=(2, args.backends, args.port, str(out)), nprocs=2)
-    rows = eval(out.read_text())  # noqa: S307 - our own repr of tuples of numbers and strings
+    rows = json.loads(out.read_text())
     out.unlink()
     from tabulate import tabulate
 
