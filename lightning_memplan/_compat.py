@@ -392,21 +392,29 @@ def fsdp2_units(model: torch.nn.Module) -> Fsdp2Units | None:
     """The FSDP2 (``fully_shard``) units in ``model`` with their parameters' sizes, read from FSDP's
     parameter groups (``FSDPParam._orig_size``, ``padded_sharded_param_size``; the mesh's shard size;
     ``post_forward_mesh_info`` is None when a unit keeps its parameters after forward, as the root
-    does). ``None`` when there is none, or when this torch's internals differ (then nothing is
-    forecast for FSDP)."""
+    does; before the first forward, the root is the outermost unit). ``None`` when there is none,
+    or when this torch's internals differ (then nothing is forecast for FSDP)."""
     from lightning_memplan.fsdp_memory import FsdpParam, FsdpUnit
 
     try:
         from torch.distributed.fsdp import FSDPModule
 
         units, groups, backend = [], [], ""
+        outermost = None
         for name, module in model.named_modules():
             if not isinstance(module, FSDPModule):
                 continue
             state = module._get_fsdp_state()
+            outermost = module if outermost is None else outermost
+            # before the first forward (FSDP's lazy init) the root is the outermost unit, and it
+            # will keep its parameters after forward unless it was told otherwise
+            is_root = state._is_root if state._is_root is not None else module is outermost
             group = state._fsdp_param_group
             if group is None:
                 continue
+            raf = group.post_forward_mesh_info is not None
+            if is_root and state._is_root is None and getattr(state, "_auto_reshard_after_forward", False):
+                raf = False
             world = int(group.mesh_info.shard_mesh_size)
             params = []
             for fp in group.fsdp_params:
@@ -418,8 +426,7 @@ def fsdp2_units(model: torch.nn.Module) -> Fsdp2Units | None:
                 params.append(FsdpParam(numel=numel, dim0=dim0, padded_shard_numel=shard,
                                         itemsize=param.element_size(), requires_grad=param.requires_grad))
             units.append(FsdpUnit(name=name or "root", world_size=world, params=tuple(params),
-                                  is_root=bool(state._is_root),
-                                  reshard_after_forward=group.post_forward_mesh_info is not None))
+                                  is_root=bool(is_root), reshard_after_forward=raf))
             groups.append(group)
             backend = backend or str(torch.distributed.get_backend(group._all_gather_process_group))
     except Exception:  # noqa: BLE001 - other internals: no FSDP forecast
