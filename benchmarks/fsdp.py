@@ -11,8 +11,8 @@ of 5 measurements and their range.
 
 FSDP's hooks break the graph at every unit, and dynamo skips a frame with a graph break inside a loop
 (``Net.forward``'s loop over the blocks): each block's forward is compiled on its own and the head
-runs uncompiled. The forecast counts the root's gradients then, not the head's activations: the
-"big head" rows (a 256 x 256 head) show what that leaves out.
+runs uncompiled. The forecast then counts the root's gradients but not the head's activations
+(small here: the "big head" rows have a 256 x 256 head, whose parameters stay unsharded all step).
 
     python benchmarks/fsdp.py                     # CPU, gloo, both backends
     python benchmarks/fsdp.py --backends aot_eager

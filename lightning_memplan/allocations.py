@@ -219,7 +219,9 @@ def stitch_step(
     after the ``optimizer`` events (local keys), or until the step ends. A returned block no
     incoming gradient matches was consumed by uncompiled code between the two regions: it dies when
     the backward starts, as long as the blocks taken over stay within the smaller of the incoming
-    gradients' bytes and the returned activations' gradients' (``param_gradients`` excluded). Everything still live at the end is freed. ``regions`` are in the order the step runs them, once per call.
+    gradients' bytes and the returned activations' gradients' (``param_gradients`` excluded).
+    Everything still live at the end is freed. ``regions`` are in the order the step runs them, once
+    per call.
 
     Returns the step with an empty baseline, and where its backward, optimizer and ``zero_grad`` are.
     """

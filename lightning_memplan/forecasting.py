@@ -643,9 +643,10 @@ def _compile_step(
     loss_fn: Callable[[Any], torch.Tensor] | None,
     optimizer: torch.optim.Optimizer | None,
 ) -> tuple[Callable[[], torch.Tensor], list[torch.Tensor], float, _compat.Fsdp2Units | None]:
-    """Compile one training step with ``be`` by running forward and backward once (model restored).
-    Returns the step, the parameters, the seconds of the compiling run and the model's FSDP2 units
-    (``be.owners`` then says which unit each recorded call ran in)."""
+    """Compile one training step with ``be`` by running forward and backward once (model restored;
+    under FSDP2 the backward graphs are compiled with the forward and not run). Returns the step,
+    the parameters, the seconds of the compiling run and the model's FSDP2 units (``be.owners``
+    then says which unit each recorded call ran in)."""
     compiled = torch.compile(_make_loss(model, loss_fn), backend=be, **_compat.isolated_compile_kwargs())
     params = [p for p in model.parameters()]
     fsdp = _compat.fsdp2_units(model)

@@ -101,8 +101,9 @@ def test_forecast_of_an_fsdp2_model_in_two_processes(tmp_path: Path) -> None:
     running FSDP's backward. gloo sometimes frees its copies late, so the most frequent of 5
     measured steps is compared."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("fsdp_forecast_script.py")), str(tmp_path),
-                           "29623"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    script = Path(__file__).with_name("fsdp_forecast_script.py")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), "29623"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in (0, 1):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
