@@ -1,5 +1,5 @@
 """Run by test_fsdp_memory.py as a script: ``forecast()`` of an FSDP2 model in plain PyTorch, 2 gloo
-processes. Each rank writes its forecast and 5 measured steps to OUT_DIR/rank{r}.json."""
+processes. Each rank writes its forecast and 8 measured steps to OUT_DIR/rank{r}.json."""
 from __future__ import annotations
 
 import json
@@ -43,6 +43,7 @@ def run(rank: int, out_dir: str, port: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from lightning_memplan import forecast, measure_peak
+    from lightning_memplan._compat import fsdp2_units
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (2,))
@@ -59,7 +60,8 @@ def run(rank: int, out_dir: str, port: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
         "predicted": fc.peak_bytes, "fsdp_buffers": fc.breakdown.fsdp_buffers, "status": fc.status,
         "backward_graphs": sum(r._graphs[1] is not None for r in fc.regions),
-        "measured": [measure_peak(fc.step) for _ in range(5)],
+        "measured": [measure_peak(fc.step) for _ in range(8)],
+        "unit_bytes": max(u.unsharded_bytes for u in fsdp2_units(net).units),
     }))
     dist.destroy_process_group()
 
