@@ -14,7 +14,7 @@ FSDP's hooks break the graph at every unit, and dynamo skips a frame with a grap
 runs uncompiled. The forecast then counts the root's gradients but not the head's activations
 (small here: the "big head" rows have a 256 x 256 head, whose parameters stay unsharded all step).
 
-    python benchmarks/fsdp.py                     # CPU, gloo, both backends
+    python benchmarks/fsdp.py                     # CPU, gloo, both backends (7 models x 2 budgets)
     python benchmarks/fsdp.py --backends aot_eager
 """
 from __future__ import annotations
@@ -34,13 +34,15 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 MiB = 2**20
-#: (name, width, hidden widths of the blocks, head width, batch)
+#: (name, width, hidden widths of the blocks, head width, batch, mixed precision: (param, reduce) dtype)
 MODELS = (
-    ("3 blocks 256/512", 256, (512, 512, 512), 1, 64),
-    ("4 blocks 256/512", 256, (512, 512, 512, 512), 1, 64),
-    ("3 blocks, sizes differ", 256, (256, 512, 768), 1, 64),
-    ("3 blocks, big head", 256, (512, 512, 512), 256, 64),
-    ("3 blocks, big batch", 256, (512, 512, 512), 1, 1024),
+    ("3 blocks 256/512", 256, (512, 512, 512), 1, 64, None),
+    ("4 blocks 256/512", 256, (512, 512, 512, 512), 1, 64, None),
+    ("3 blocks, sizes differ", 256, (256, 512, 768), 1, 64, None),
+    ("3 blocks, big head", 256, (512, 512, 512), 256, 64, None),
+    ("3 blocks, big batch", 256, (512, 512, 512), 1, 1024, None),
+    ("3 blocks, bf16 / fp32 reduce", 256, (512, 512, 512), 1, 64, (torch.bfloat16, torch.float32)),
+    ("3 blocks, bf16 / bf16 reduce", 256, (512, 512, 512), 1, 64, (torch.bfloat16, None)),
 )
 BUDGETS = (1.0, 0.3)
 
@@ -78,20 +80,22 @@ def _rank(rank: int, world: int, backends: list[str], port: str, out: str) -> No
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from lightning_memplan import forecast, measure_peak
 
     mesh = init_device_mesh("cpu", (world,))
     rows = []
-    for name, width, hiddens, head, batch in MODELS:
+    for name, width, hiddens, head, batch, mixed in MODELS:
+        policy = {} if mixed is None else {"mp_policy": MixedPrecisionPolicy(param_dtype=mixed[0],
+                                                                             reduce_dtype=mixed[1])}
         for backend in backends:
             for budget in BUDGETS:
                 torch.manual_seed(0)
                 net = Net(width, hiddens, head)
                 for b in net.blocks:
-                    fully_shard(b, mesh=mesh)
-                fully_shard(net, mesh=mesh)
+                    fully_shard(b, mesh=mesh, **policy)
+                fully_shard(net, mesh=mesh, **policy)
                 opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
                 x = torch.randn(batch, width)
                 fc = forecast(net, (x,), budget=budget, backend=backend, optimizer=opt,

@@ -423,8 +423,15 @@ def fsdp2_units(model: torch.nn.Module) -> Fsdp2Units | None:
                 dim0 = size[0] if size else 1
                 shard = math.prod(tuple(fp.padded_sharded_param_size))
                 param = fp.sharded_param
+                # FSDPParam.init_dtype_attrs's rules (it runs at the first forward): the policy's
+                # param_dtype for floating-point parameters; reduce_dtype, else the param dtype
+                mp = getattr(group, "mp_policy", None)
+                compute = getattr(mp, "param_dtype", None) if param.is_floating_point() else None
+                reduce = getattr(mp, "reduce_dtype", None)
                 params.append(FsdpParam(numel=numel, dim0=dim0, padded_shard_numel=shard,
-                                        itemsize=param.element_size(), requires_grad=param.requires_grad))
+                                        itemsize=param.element_size(), requires_grad=param.requires_grad,
+                                        param_itemsize=compute.itemsize if compute is not None else 0,
+                                        reduce_itemsize=reduce.itemsize if reduce is not None else 0))
             units.append(FsdpUnit(name=name or "root", world_size=world, params=tuple(params),
                                   is_root=bool(is_root), reshard_after_forward=raf))
             groups.append(group)

@@ -34,8 +34,12 @@ Collective temporaries depend on the backend (:class:`Collectives`): gloo copies
 all-gather and reduce-scatter (transient); on CPU the reduce-scatter pads every gradient whose first
 dimension ``N`` does not divide (all live at once, transient). NCCL writes in place.
 
-Not modelled: mixed precision (``MixedPrecisionPolicy``: an extra copy-in buffer per unit), CPU
-offload, HSDP, explicit prefetching, gloo releasing a reduce-scatter copy late.
+Mixed precision (``MixedPrecisionPolicy``): the all-gather output, the unsharded parameters and
+autograd's gradients are in ``param_dtype`` (the shard is first cast into a flat copy-in buffer,
+transient); the reduce-scatter input and output in ``reduce_dtype`` (default: ``param_dtype``), the
+output cast to the sharded gradients' dtype when it differs.
+
+Not modelled: CPU offload, HSDP, explicit prefetching, gloo releasing a copy late.
 """
 from __future__ import annotations
 
@@ -57,9 +61,22 @@ class FsdpParam:
     numel: int
     dim0: int
     padded_shard_numel: int
-    #: Bytes per element.
+    #: Bytes per element of the parameter (its shards and sharded gradients).
     itemsize: int
     requires_grad: bool = True
+    #: Bytes per element it is all-gathered and computed in (``MixedPrecisionPolicy.param_dtype``:
+    #: the unsharded parameter and autograd's gradient); 0: ``itemsize``.
+    param_itemsize: int = 0
+    #: Bytes per element of its reduce-scatter (``reduce_dtype``); 0: ``param_itemsize``.
+    reduce_itemsize: int = 0
+
+    @property
+    def compute_itemsize(self) -> int:
+        return self.param_itemsize or self.itemsize
+
+    @property
+    def reduce_size(self) -> int:
+        return self.reduce_itemsize or self.compute_itemsize
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,19 +96,35 @@ class FsdpUnit:
 
     @property
     def unsharded_bytes(self) -> int:
-        """``U``: the all-gather output, the unsharded parameters, the reduce-scatter input."""
-        return self.world_size * self.shard_bytes
+        """``U``: the all-gather output and the unsharded parameters (in the compute dtype)."""
+        return self.world_size * sum(p.padded_shard_numel * p.compute_itemsize for p in self.params)
+
+    @property
+    def copy_in_bytes(self) -> int:
+        """The all-gather's input cast to the compute dtype, when that differs (transient)."""
+        return sum(p.padded_shard_numel * p.compute_itemsize for p in self.params if p.param_itemsize)
+
+    @property
+    def reduce_scatter_bytes(self) -> int:
+        """The reduce-scatter input (in the reduce dtype)."""
+        return self.world_size * sum(p.padded_shard_numel * p.reduce_size for p in self.params)
+
+    @property
+    def reduce_output_bytes(self) -> int:
+        """The reduce-scatter output when its dtype differs from the parameters' (cast to the
+        sharded gradients, then freed); 0 otherwise."""
+        return sum(p.padded_shard_numel * p.reduce_size for p in self.params if p.reduce_size != p.itemsize)
 
     @property
     def grad_bytes(self) -> int:
-        """``P``: autograd's unsharded gradients (unpadded)."""
-        return sum(p.numel * p.itemsize for p in self.params if p.requires_grad)
+        """``P``: autograd's unsharded gradients (unpadded, in the compute dtype)."""
+        return sum(p.numel * p.compute_itemsize for p in self.params if p.requires_grad)
 
     @property
     def pad_copy_bytes(self) -> int:
         """Padded copies the CPU reduce-scatter makes of gradients whose first dimension the world
         size does not divide (all live at once)."""
-        return sum(self.world_size * p.padded_shard_numel * p.itemsize for p in self.params
+        return sum(self.world_size * p.padded_shard_numel * p.compute_itemsize for p in self.params
                    if p.requires_grad and p.dim0 % self.world_size)
 
 
@@ -149,10 +182,12 @@ def fsdp_step_events(
             out.setdefault(point, []).append((name, category, nbytes))
 
     def all_gather(point: Point, u: FsdpUnit) -> None:
+        add(point, f"fsdp all-gather input {u.name}", u.copy_in_bytes)
         add(point, f"fsdp all-gather {u.name}", u.unsharded_bytes)
         if collectives.copies:  # the backend's own copy, transient
             add(point, f"fsdp all-gather copy {u.name}", u.unsharded_bytes)
             add(point, f"fsdp all-gather copy {u.name} freed", -u.unsharded_bytes)
+        add(point, f"fsdp all-gather input {u.name} freed", -u.copy_in_bytes)
 
     held: list[int] = []  # the reduce-scatter input kept until the next unit's post-backward
 
@@ -160,16 +195,21 @@ def fsdp_step_events(
         u = units[i]
         add(point, f"fsdp reshard {u.name}", -u.unsharded_bytes)
         if held:
-            add(point, f"fsdp reduce-scatter input {units[held[0]].name} freed", -units[held.pop()].unsharded_bytes)
-        add(point, f"fsdp reduce-scatter input {u.name}", u.unsharded_bytes)
+            add(point, f"fsdp reduce-scatter input {units[held[0]].name} freed",
+                -units[held.pop()].reduce_scatter_bytes)
+        add(point, f"fsdp reduce-scatter input {u.name}", u.reduce_scatter_bytes)
         if collectives.pad_copies and u.pad_copy_bytes:
             add(point, f"fsdp reduce-scatter padding {u.name}", u.pad_copy_bytes)
             add(point, f"fsdp reduce-scatter padding {u.name} freed", -u.pad_copy_bytes)
         add(point, f"fsdp unsharded gradients {u.name} freed", -u.grad_bytes, "gradients")
-        add(point, f"fsdp sharded gradients {u.name}", u.shard_bytes, "gradients")
+        if u.reduce_output_bytes:  # reduced in another dtype, then cast to the parameters'
+            add(point, f"fsdp reduce-scatter output {u.name}", u.reduce_output_bytes)
         if collectives.copies:
-            add(point, f"fsdp reduce-scatter copy {u.name}", u.unsharded_bytes)
-            add(point, f"fsdp reduce-scatter copy {u.name} freed", -u.unsharded_bytes)
+            add(point, f"fsdp reduce-scatter copy {u.name}", u.reduce_scatter_bytes)
+            add(point, f"fsdp reduce-scatter copy {u.name} freed", -u.reduce_scatter_bytes)
+        add(point, f"fsdp sharded gradients {u.name}", u.shard_bytes, "gradients")
+        if u.reduce_output_bytes:
+            add(point, f"fsdp reduce-scatter output {u.name} freed", -u.reduce_output_bytes)
         held.append(i)
 
     # forward
@@ -219,7 +259,7 @@ def fsdp_step_events(
         if i is not None:
             post_backward(end, i)
     if held:
-        add(end, f"fsdp reduce-scatter input {units[held[0]].name} freed", -units[held.pop()].unsharded_bytes)
+        add(end, f"fsdp reduce-scatter input {units[held[0]].name} freed", -units[held.pop()].reduce_scatter_bytes)
     # zero_grad frees the sharded gradients, not the unsharded ones the timeline counted
     called = [i for i in (root, *blocks) if i is not None and i in first]
     if root is not None and root not in first:

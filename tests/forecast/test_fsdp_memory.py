@@ -41,6 +41,32 @@ def test_unit_sizes_are_padded_shards() -> None:
     assert (block3.grad_bytes, block3.unsharded_bytes, block3.shard_bytes) == (1051648, 1056780, 352260)
 
 
+def test_mixed_precision_gathers_and_reduces_in_their_own_dtypes() -> None:
+    """``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on fp32 parameters: the shard is
+    cast into a flat bf16 copy-in buffer, gathered and used in bf16, autograd's gradients are bf16,
+    the reduce-scatter runs in fp32 (already the parameters' dtype: no cast of its output)."""
+    fp32 = _units()[1]
+    bf16 = FsdpUnit(name="b", world_size=2, params=tuple(
+        FsdpParam(numel=p.numel, dim0=p.dim0, padded_shard_numel=p.padded_shard_numel, itemsize=4,
+                  param_itemsize=2, reduce_itemsize=4) for p in fp32.params))
+    assert bf16.unsharded_bytes == fp32.unsharded_bytes // 2 and bf16.grad_bytes == fp32.grad_bytes // 2
+    assert bf16.copy_in_bytes == fp32.shard_bytes // 2 and fp32.copy_in_bytes == 0
+    assert bf16.reduce_scatter_bytes == fp32.unsharded_bytes and bf16.reduce_output_bytes == 0
+    assert bf16.shard_bytes == fp32.shard_bytes  # the sharded gradients keep the parameters' dtype
+    # reduce in bf16 too: the output is cast to the fp32 sharded gradients
+    low = FsdpUnit(name="b", world_size=2, params=tuple(
+        FsdpParam(numel=p.numel, dim0=p.dim0, padded_shard_numel=p.padded_shard_numel, itemsize=4,
+                  param_itemsize=2) for p in fp32.params))
+    assert low.reduce_scatter_bytes == fp32.unsharded_bytes // 2 and low.reduce_output_bytes == fp32.shard_bytes // 2
+    ev = fsdp_step_events([low], [0])
+    names = [n for n, _, _ in ev[("fw", 0, "before")]]
+    assert names[:2] == ["fsdp all-gather input b", "fsdp all-gather b"]  # the cast shard, then the output
+    post = [(n, d) for n, _, d in ev[("bw", 0, "after")]]
+    assert ("fsdp reduce-scatter output b", low.reduce_output_bytes) in post
+    assert post.index(("fsdp sharded gradients b", low.shard_bytes)) < post.index(
+        ("fsdp reduce-scatter output b freed", -low.reduce_output_bytes))
+
+
 def _running(events: dict, owners: list, category: str) -> dict:
     """Bytes of ``category`` live after each point, in step order."""
     n = len(owners)
