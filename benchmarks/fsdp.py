@@ -76,7 +76,7 @@ def _without_fsdp(fc: object) -> int:
     return _layout(_executed(list(plans), executions), opt)[1]
 
 
-def _rank(rank: int, world: int, backends: list[str], port: str, out: str) -> None:
+def _rank(rank: int, world: int, models: list[str], backends: list[str], port: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
@@ -86,7 +86,7 @@ def _rank(rank: int, world: int, backends: list[str], port: str, out: str) -> No
 
     mesh = init_device_mesh("cpu", (world,))
     rows = []
-    for name, width, hiddens, head, batch, mixed in MODELS:
+    for name, width, hiddens, head, batch, mixed in (m for m in MODELS if m[0] in models):
         policy = {} if mixed is None else {"mp_policy": MixedPrecisionPolicy(param_dtype=mixed[0],
                                                                              reduce_dtype=mixed[1])}
         for backend in backends:
@@ -115,10 +115,11 @@ def _rank(rank: int, world: int, backends: list[str], port: str, out: str) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="+", default=["aot_eager", "inductor"], choices=["aot_eager", "inductor"])
+    parser.add_argument("--models", nargs="+", default=[m[0] for m in MODELS], choices=[m[0] for m in MODELS])
     parser.add_argument("--port", default="29611")
     args = parser.parse_args()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"memplan_fsdp_bench_{os.getpid()}.txt"
-    mp.spawn(_rank, args=(2, args.backends, args.port, str(out)), nprocs=2)
+    mp.spawn(_rank, args=(2, args.models, args.backends, args.port, str(out)), nprocs=2)
     rows = json.loads(out.read_text())
     out.unlink()
     from tabulate import tabulate

@@ -202,13 +202,17 @@ def fsdp_step_events(
             add(point, f"fsdp reduce-scatter padding {u.name}", u.pad_copy_bytes)
             add(point, f"fsdp reduce-scatter padding {u.name} freed", -u.pad_copy_bytes)
         add(point, f"fsdp unsharded gradients {u.name} freed", -u.grad_bytes, "gradients")
-        if u.reduce_output_bytes:  # reduced in another dtype, then cast to the parameters'
+        # the reduce-scatter output: the sharded gradients, or, reduced in another dtype, a buffer
+        # cast to them after the collective
+        if u.reduce_output_bytes:
             add(point, f"fsdp reduce-scatter output {u.name}", u.reduce_output_bytes)
+        else:
+            add(point, f"fsdp sharded gradients {u.name}", u.shard_bytes, "gradients")
         if collectives.copies:
             add(point, f"fsdp reduce-scatter copy {u.name}", u.reduce_scatter_bytes)
             add(point, f"fsdp reduce-scatter copy {u.name} freed", -u.reduce_scatter_bytes)
-        add(point, f"fsdp sharded gradients {u.name}", u.shard_bytes, "gradients")
         if u.reduce_output_bytes:
+            add(point, f"fsdp sharded gradients {u.name}", u.shard_bytes, "gradients")
             add(point, f"fsdp reduce-scatter output {u.name} freed", -u.reduce_output_bytes)
         held.append(i)
 

@@ -104,8 +104,12 @@ def test_the_step_matches_the_profiled_sequence() -> None:
     names = [name for name, _, _ in ev[("bw", 0, "after")]]
     assert names.index("fsdp reshard root") < names.index("fsdp reshard blocks.0")
     # gloo copies U once per collective, transiently: 4 all-gathers in the forward add to the peak
-    gloo = _running(fsdp_step_events(units, owners, Collectives(copies=True)), owners, "fsdp")
+    gloo_events = fsdp_step_events(units, owners, Collectives(copies=True))
+    gloo = _running(gloo_events, owners, "fsdp")
     assert gloo[("bw", 1, "before")][1] == Ur + 3 * U + U  # u0's prefetch copy on top (profiled: 4,734,472 - S)
+    # the reduce-scatter's output (the sharded gradients) exists before gloo copies its input
+    names = [name for name, _, _ in gloo_events[("bw", 2, "after")]]
+    assert names.index("fsdp sharded gradients blocks.2") < names.index("fsdp reduce-scatter copy blocks.2")
 
 
 def test_units_that_keep_their_parameters_gather_nothing_in_the_backward() -> None:
