@@ -522,8 +522,8 @@ def _layout(
 
     ``overlay``: allocations and frees of others at points of the step (FSDP's buffers,
     :func:`~lightning_memplan.fsdp_memory.fsdp_step_events`): ``("fw" | "bw", j, "before" |
-    "after")`` position ``j``'s forward or backward, ``("zero_grad",)``; each event is a step of its
-    own, counted as FSDP buffers or, category ``"gradients"``, as gradients.
+    "after")`` position ``j``'s forward or backward; each event is a step of its own, counted as
+    FSDP buffers or, category ``"gradients"``, as gradients (``zero_grad`` frees them).
 
     Returns the timeline, the peak, and (activations, gradients, optimizer temporaries, FSDP
     buffers) at the peak.
@@ -602,8 +602,7 @@ def _layout(
         timeline.append(TimelineStep(phase="optimizer", region=-1, node="step", bytes=top))
         if top > best[0]:
             best = (top, (offset - grads - fsdp, grads, opt.step_peak_bytes, fsdp))
-        zero = sum(d for _, _, d in (overlay or {}).get(("zero_grad",), ()))
-        timeline.append(TimelineStep(phase="optimizer", region=-1, node="zero_grad", bytes=offset - grads + zero))
+        timeline.append(TimelineStep(phase="optimizer", region=-1, node="zero_grad", bytes=offset - grads))
     return timeline, best[0], best[1]
 
 

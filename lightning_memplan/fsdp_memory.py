@@ -49,7 +49,7 @@ from dataclasses import dataclass
 __all__ = ["Collectives", "FsdpParam", "FsdpUnit", "Point", "fsdp_step_events"]
 
 #: Where events go in the step: ``("fw" | "bw", position, "before" | "after")`` of the compiled call at
-#: ``position`` (in the order one step runs them), or ``("zero_grad",)``.
+#: ``position`` (in the order one step runs them).
 Point = tuple
 
 
@@ -140,7 +140,7 @@ class Collectives:
 
 #: One event: ``(name, category, bytes)``; ``bytes`` > 0 allocates, < 0 frees. ``category`` is
 #: ``"fsdp"`` (FSDP's buffers) or ``"gradients"`` (autograd's unsharded gradients freed, the sharded
-#: ones made).
+#: ones made: ``zero_grad`` frees those with the others).
 Event = tuple[str, str, int]
 
 
@@ -264,10 +264,4 @@ def fsdp_step_events(
             post_backward(end, i)
     if held:
         add(end, f"fsdp reduce-scatter input {units[held[0]].name} freed", -units[held.pop()].reduce_scatter_bytes)
-    # zero_grad frees the sharded gradients, not the unsharded ones the timeline counted
-    called = [i for i in (root, *blocks) if i is not None and i in first]
-    if root is not None and root not in first:
-        add(("zero_grad",), "fsdp sharded gradients freed", -units[root].shard_bytes, "gradients")
-    add(("zero_grad",), "fsdp sharded gradients freed",
-        sum(units[i].grad_bytes - units[i].shard_bytes for i in called), "gradients")
     return out
