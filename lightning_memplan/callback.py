@@ -522,7 +522,7 @@ class MemPlanCallback(Callback):
     def _forecast_calls(self, calls: int) -> None:
         """``training_step`` called the planned forward ``calls`` times in the first batch: lay the
         forecast out for that many calls (:meth:`~lightning_memplan.forecasting.Forecast.repeated`;
-        nothing is compiled) and predict from it. The plan itself was chosen on one call."""
+        nothing is compiled) and predict from it."""
         plan, fc = self.plan, self.forecast
         assert plan is not None
         if fc is None or fc.peak_bytes is None:
@@ -544,9 +544,8 @@ class MemPlanCallback(Callback):
                 f"forecast now covers {calls} calls (every call's saved activations live until its backward): "
                 f"{format_bytes(peak)} above the baseline.")
         if self._max_memory is not None and peak is not None and baseline + peak > self._max_memory:
-            warnings.warn(f"{note} That exceeds max_memory {format_bytes(self._max_memory)}; the plan was "
-                          "chosen on one call (the closed loop re-plans if the measured peak exceeds it).",
-                          MemPlanWarning, stacklevel=3)
+            warnings.warn(f"{note} That exceeds max_memory {format_bytes(self._max_memory)}; the closed loop "
+                          "re-plans if the measured peak exceeds it.", MemPlanWarning, stacklevel=3)
         else:
             rank_zero_info(note)
 

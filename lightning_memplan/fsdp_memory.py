@@ -50,7 +50,7 @@ __all__ = ["Collectives", "FsdpParam", "FsdpUnit", "Point", "fsdp_step_events"]
 
 #: Where events go in the step: ``("fw" | "bw", position, "before" | "after")`` of the compiled call at
 #: ``position`` (in the order one step runs them).
-Point = tuple
+Point = tuple[str, int, str]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,14 +189,19 @@ def fsdp_step_events(
             add(point, f"fsdp all-gather copy {u.name} freed", -u.unsharded_bytes)
         add(point, f"fsdp all-gather input {u.name} freed", -u.copy_in_bytes)
 
-    held: list[int] = []  # the reduce-scatter input kept until the next unit's post-backward
+    held: FsdpUnit | None = None  # whose reduce-scatter input is kept until the next post-backward
+
+    def free_held(point: Point) -> None:
+        nonlocal held
+        if held is not None:
+            add(point, f"fsdp reduce-scatter input {held.name} freed", -held.reduce_scatter_bytes)
+            held = None
 
     def post_backward(point: Point, i: int) -> None:
+        nonlocal held
         u = units[i]
         add(point, f"fsdp reshard {u.name}", -u.unsharded_bytes)
-        if held:
-            add(point, f"fsdp reduce-scatter input {units[held[0]].name} freed",
-                -units[held.pop()].reduce_scatter_bytes)
+        free_held(point)
         add(point, f"fsdp reduce-scatter input {u.name}", u.reduce_scatter_bytes)
         if collectives.pad_copies and u.pad_copy_bytes:
             add(point, f"fsdp reduce-scatter padding {u.name}", u.pad_copy_bytes)
@@ -214,27 +219,25 @@ def fsdp_step_events(
         if u.reduce_output_bytes:
             add(point, f"fsdp sharded gradients {u.name}", u.shard_bytes, "gradients")
             add(point, f"fsdp reduce-scatter output {u.name} freed", -u.reduce_output_bytes)
-        held.append(i)
+        held = u
 
     # forward
-    gathered: list[int] = []  # the all-gather output kept until the next copy-out
+    gathered: FsdpUnit | None = None  # whose all-gather output is kept until the next copy-out
     if root is not None:
-        r = units[root]
-        all_gather(("fw", 0, "before"), r)
-        add(("fw", 0, "before"), f"fsdp unsharded parameters {r.name}", r.unsharded_bytes)
-        gathered.append(root)
+        gathered = units[root]
+        all_gather(("fw", 0, "before"), gathered)
+        add(("fw", 0, "before"), f"fsdp unsharded parameters {gathered.name}", gathered.unsharded_bytes)
     for i in blocks:
         u, point = units[i], ("fw", first[i], "before")
         all_gather(point, u)
         add(point, f"fsdp unsharded parameters {u.name}", u.unsharded_bytes)
-        if gathered:
-            add(point, f"fsdp all-gather {units[gathered[0]].name} freed", -units[gathered.pop()].unsharded_bytes)
-        gathered.append(i)
+        if gathered is not None:
+            add(point, f"fsdp all-gather {gathered.name} freed", -gathered.unsharded_bytes)
+        gathered = u
         if u.reshard_after_forward:
             add(("fw", last[i], "after"), f"fsdp reshard {u.name}", -u.unsharded_bytes)
-    if gathered:  # the root's post-forward
-        add(("fw", end_fw, "after"), f"fsdp all-gather {units[gathered[0]].name} freed",
-            -units[gathered.pop()].unsharded_bytes)
+    if gathered is not None:  # the root's post-forward
+        add(("fw", end_fw, "after"), f"fsdp all-gather {gathered.name} freed", -gathered.unsharded_bytes)
     # backward: units in reverse; a unit that kept its parameters all-gathers nothing
     prefetched: set[int] = set()
     order = blocks[::-1]
@@ -262,6 +265,5 @@ def fsdp_step_events(
     for i in (root, deferred):
         if i is not None:
             post_backward(end, i)
-    if held:
-        add(end, f"fsdp reduce-scatter input {units[held[0]].name} freed", -units[held.pop()].reduce_scatter_bytes)
+    free_held(end)
     return out
