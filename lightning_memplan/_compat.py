@@ -75,6 +75,17 @@ def isolated_compile_kwargs() -> dict[str, Any]:
         return {}
 
 
+def recompile_limit() -> int:
+    """dynamo's per-code-object limit of compiled graphs (``recompile_limit``; ``cache_size_limit``
+    before torch 2.6); 8, its default, if neither is readable."""
+    try:
+        import torch._dynamo.config as config
+
+        return int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
+    except Exception:  # noqa: BLE001
+        return 8
+
+
 def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
     """A ``GraphModule`` of ``graph`` whose Python code is generated only when first needed
     (``torch.fx._lazy_graph_module._LazyGraphModule``, as dynamo makes them), else a plain one.

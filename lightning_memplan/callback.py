@@ -26,8 +26,9 @@ from tabulate import tabulate
 from torch import nn
 from typing_extensions import override
 
-from ._compat import isolated_compile_kwargs
+from ._compat import isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
+from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
 from .plan import Candidate, MemPlan
 from .planner import (
     PlanSettings,
@@ -117,8 +118,8 @@ class MemPlanCallback(Callback):
             compiles, is never measured). On CPU each measured batch runs under the profiler, and
             so does one warm-up batch before them (see :meth:`on_train_batch_start`).
         log_plots: write the Pareto-front and memory-timeline PNGs into the logger's directory (and
-            as TensorBoard figures, or MLflow run artifacts under ``memplan/``, when those loggers
-            are used).
+            as TensorBoard figures, MLflow run artifacts under ``memplan/``, or W&B images under
+            the keys ``memplan/frontier`` and ``memplan/timeline``, when those loggers are used).
         compile_kwargs: extra keyword arguments for ``torch.compile`` (e.g. ``{"dynamic": False}``).
         verbose: print the plan table at fit start and a line per epoch (rank zero).
         submodule: attribute path of the submodule to plan and compile (e.g. ``"model"`` when
@@ -240,6 +241,13 @@ class MemPlanCallback(Callback):
         self._kept_forecasts: tuple[Any, ...] = ()
         self._replanned = False
         self._timeline_plotted = False
+        self._watch: WatchedBackend | None = None
+        self._watch_seen = 0  # compiles of the watch already looked at
+        self._planned_shapes: tuple[tuple[int, ...], ...] | None = None
+        #: Graphs compiled for training after the planned one(s), in order: dynamo compiled the
+        #: forward again for inputs of other shapes (a smaller last batch, inputs of varying length).
+        self.recompiles: list[CompileRecord] = []
+        self._warned_dynamic = self._warned_shapes = False
 
     @property
     def state_key(self) -> str:
@@ -324,8 +332,52 @@ class MemPlanCallback(Callback):
                 self._fall_back(f"compiling the planned forward failed: {exc!r}")
                 return self._orig_forward(*args, **kwargs)
             self._first_call = False
+            if self._watch is not None and self._watch.compiles:
+                self._watch_seen = len(self._watch.compiles)  # the planned graph(s)
+                self._planned_shapes = self._watch.compiles[0].input_shapes
             return out
         return fn(*args, **kwargs)
+
+    def _training(self) -> bool:
+        trainer = self._trainer
+        return bool(trainer.training) if trainer is not None else self._module is not None and self._module.training
+
+    def _check_recompiles(self) -> None:
+        """Report the graphs compiled for training since the last look (see
+        :mod:`.compile_watch`): a line per new graph (rank zero); a warning for a dynamic-shape
+        graph (it replaces the planned one) and once when the inputs keep changing shape."""
+        watch = self._watch
+        if watch is None or len(watch.compiles) <= self._watch_seen:
+            return
+        new = [r for r in watch.compiles[self._watch_seen:] if r.training]
+        self._watch_seen = len(watch.compiles)
+        planned = describe_shapes(self._planned_shapes or ())
+        for record in new:
+            self.recompiles.append(record)
+            if record.dynamic and not self._warned_dynamic:
+                self._warned_dynamic = True
+                warnings.warn(
+                    f"MemPlanCallback: batch {self._fit_batches} compiled a dynamic-shape graph (inputs "
+                    f"{describe_shapes(record.input_shapes)}), because compile_kwargs allow dynamic shapes. "
+                    "Dynamo now runs it for every batch size, and the partitioner chose its saved activations "
+                    f"at the sizes of that batch, not at the planned {planned}: the plan and its forecast no "
+                    "longer hold (memplan/measured_peak_bytes will show it). Leave `dynamic` out of "
+                    "compile_kwargs (the callback compiles with dynamic=False), or drop the incomplete last "
+                    "batch (DataLoader(drop_last=True)).", MemPlanWarning, stacklevel=2)
+            elif self._verbose:
+                rank_zero_info(f"MemPlan: batch {self._fit_batches}: the forward was compiled again, with the "
+                               f"plan, for inputs {describe_shapes(record.input_shapes)} (forecast: {planned})")
+        shapes = {r.input_shapes for r in self.recompiles if not r.dynamic}
+        limit = recompile_limit()
+        if not self._warned_shapes and len(shapes) >= max(2, limit // 2):
+            self._warned_shapes = True
+            warnings.warn(
+                f"MemPlanCallback: the inputs keep changing shape ({len(shapes)} new shapes after the planned "
+                f"{planned}). Each new shape compiles a static graph with the plan, until dynamo's "
+                f"recompile_limit ({limit}); after that new shapes run uncompiled, without the plan. For "
+                "inputs of varying length pass compile_kwargs={'dynamic': None} (one dynamic-shape graph, "
+                "planned at the sizes of the batch that makes it) or pad them to a few fixed lengths.",
+                MemPlanWarning, stacklevel=2)
 
     def _activate(self) -> None:
         """Decide the plan (rank 0's, broadcast), wrap blocks, forecast and compile. Never raises."""
@@ -386,8 +438,11 @@ class MemPlanCallback(Callback):
                               "training with the plan, without predictions.", MemPlanWarning, stacklevel=2)
             be = memplan_backend(budget=plan.budget, solver=plan_solver(self._settings, plan),
                                  inner=self._settings.backend, capture=False)
-            kwargs = {**isolated_compile_kwargs(), **self._compile_kwargs}  # the search compiled it before
-            compiled = torch.compile(_fresh_forward(module), backend=be, **kwargs)
+            watch = WatchedBackend(be, training=self._training)
+            # static shapes by default: another batch size compiles a graph of its own (with the
+            # plan) and the planned graph keeps serving the planned size (see compile_watch)
+            kwargs = {**isolated_compile_kwargs(), "dynamic": False, **self._compile_kwargs}
+            compiled = torch.compile(_fresh_forward(module), backend=watch, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
             self._fall_back(f"installing the plan failed: {exc!r}")
             return
@@ -400,6 +455,7 @@ class MemPlanCallback(Callback):
                 "(memplan/measured_peak_bytes) will be higher than predicted.", MemPlanWarning, stacklevel=2)
         self.forecast = fc
         self.plan = plan
+        self._watch, self._watch_seen = watch, 0
         if not self._may_replan() and self._fit_batches > 1:
             self._example = None  # no re-plan can follow: do not hold on to the first batch
         self._active_forward = compiled
@@ -463,6 +519,7 @@ class MemPlanCallback(Callback):
             self._kept_forecasts = ()
             if not self._may_replan():
                 self._example = None  # no re-plan can follow: do not hold on to the first batch
+        self._check_recompiles()
         peak = self._close_window()
         if peak is None:
             self._window_streak = 0
@@ -695,8 +752,9 @@ class MemPlanCallback(Callback):
 
     def _emit_figure(self, fig: Any, name: str) -> None:
         """Save ``fig`` as ``<plot dir>/<name>.png`` and hand it to the loggers that keep pictures:
-        a TensorBoard figure, an MLflow run artifact (under ``memplan/``)."""
-        from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
+        a TensorBoard figure, an MLflow run artifact (under ``memplan/``), a W&B image under the key
+        ``memplan/<name>`` (at the Trainer's global step)."""
+        from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 
         from .report import save_figure
 
@@ -710,3 +768,5 @@ class MemPlanCallback(Callback):
         for logger in loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id is not None:
                 logger.experiment.log_artifact(logger.run_id, str(path), artifact_path="memplan")
+            elif isinstance(logger, WandbLogger):
+                logger.log_image(key=f"memplan/{name}", images=[str(path)], step=trainer.global_step)

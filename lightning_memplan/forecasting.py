@@ -646,7 +646,11 @@ def _compile_step(
     under FSDP2 the backward graphs are compiled with the forward and not run). Returns the step,
     the parameters, the seconds of the compiling run and the model's FSDP2 units (``be.owners``
     then says which unit each recorded call ran in)."""
-    compiled = torch.compile(_make_loss(model, loss_fn), backend=be, **_compat.isolated_compile_kwargs())
+    # static: a forecast is of these inputs' shapes. With dynamic=None, dynamo's profile of earlier
+    # compiles of the same code in this process (automatic_dynamic_local_pgo) could make it a
+    # dynamic-shape graph, and AOTAutograd would mark the caller's tensors dynamic for later compiles.
+    compiled = torch.compile(_make_loss(model, loss_fn), backend=be, dynamic=False,
+                             **_compat.isolated_compile_kwargs())
     params = [p for p in model.parameters()]
     fsdp = _compat.fsdp2_units(model)
     groups = fsdp.groups if fsdp is not None else ()

@@ -20,11 +20,12 @@ class Block(nn.Module):
 class TinyNet(LightningModule):
     """A residual MLP with repeated blocks; logs its loss like a real module."""
 
-    def __init__(self, width: int = 32, depth: int = 3, batch: int = 16, batches: int = 4) -> None:
+    def __init__(self, width: int = 32, depth: int = 3, batch: int = 16, batches: int = 4, last: int = 0) -> None:
         super().__init__()
         self.blocks = nn.ModuleList([Block(width) for _ in range(depth)])
         self.head = nn.Linear(width, 1)
         self._width, self._batch, self._batches = width, batch, batches
+        self._last = last  # rows of an incomplete last batch (DataLoader's default drop_last=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
@@ -42,7 +43,7 @@ class TinyNet(LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(0)
-        n = self._batch * self._batches
+        n = self._batch * self._batches + self._last
         x = torch.randn(n, self._width, generator=g)
         return DataLoader(TensorDataset(x, x[:, :1].clone()), batch_size=self._batch)
 
