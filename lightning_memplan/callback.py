@@ -29,7 +29,7 @@ from typing_extensions import override
 from ._compat import isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
-from .plan import Candidate, MemPlan
+from .plan import MemPlan
 from .planner import (
     PlanSettings,
     PlanWarning,
@@ -45,7 +45,7 @@ from .planner import (
     rejudge_plan,
     resolve_submodule,
 )
-from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
+from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, replan_candidate
 from .strategy import decide_on_rank_zero, forward_has_collectives, max_over_ranks
 from .units import format_bytes
 
@@ -619,19 +619,16 @@ class MemPlanCallback(Callback):
                 or plan.baseline_bytes is None or plan.baseline_bytes + measured <= self._max_memory):
             return
         self._replanned = True
-        predicted = plan.predicted_peak_bytes or measured
-        ratio = measured / max(predicted, 1)
-        fits = [c for c in plan.candidates if c.peak_bytes is not None and c.cost is not None
-                and plan.baseline_bytes + c.peak_bytes * ratio <= self._max_memory
-                and (c.budget, c.checkpoint, c.solver or plan.solver) != (plan.budget, plan.checkpoint, plan.solver)]
-        if not fits:
-            fits = [Candidate(budget=max(0.0, round(plan.budget / 2, 3)), checkpoint=plan.checkpoint,
-                              solver="remat" if plan.solver == "remat" else "")]
-        new = min(fits, key=lambda c: (c.cost if c.cost is not None else math.inf, c.peak_bytes or 0))
+        new, unseen, fits = replan_candidate(plan, measured, self._max_memory)
+        if fits:
+            expect = (f"forecast {format_bytes(plan.baseline_bytes + (new.peak_bytes or 0) + unseen)}, counting the "
+                      f"{format_bytes(unseen)} the forecast did not see (eager code such as the loss)")
+        else:
+            expect = "no candidate is forecast to fit; halving the budget"
         warnings.warn(
             f"MemPlanCallback: measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds "
-            f"max_memory {format_bytes(self._max_memory)}; re-planning once with {new.label} "
-            "(recompiling) and going on.", MemPlanWarning, stacklevel=2)
+            f"max_memory {format_bytes(self._max_memory)}; re-planning once with {new.label} ({expect}), "
+            "recompiling, and going on.", MemPlanWarning, stacklevel=2)
         self._install(dataclasses.replace(
             plan, budget=new.budget, checkpoint=new.checkpoint, predicted_peak_bytes=new.peak_bytes,
             solver=new.solver or (plan.solver if plan.solver != "remat" else self._settings.solver_name),

@@ -266,6 +266,32 @@ def rejudge(
     return choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver))
 
 
+def replan_candidate(plan: MemPlan, measured: int, max_memory: int) -> tuple[Candidate, int, bool]:
+    """The plan to switch to once, when ``plan``'s measured peak exceeds ``max_memory``.
+
+    ``measured``: the measured peak of a step, bytes above ``plan.baseline_bytes``. What the forecast
+    did not see, ``unseen = max(0, measured - plan.predicted_peak_bytes)``, is taken to be the same
+    for every plan: it is eager code outside the compiled forward (the loss ``training_step``
+    computes on the outputs, metrics) and memory no plan changes, so a candidate is judged at
+    ``baseline + peak + unseen``. (Scaling the peaks by ``measured / predicted`` instead would
+    under-count that part for every plan smaller than the current one, the ones a re-plan picks.)
+
+    Returns ``(candidate, unseen, fits)``: the cheapest other candidate that fits (ties: the smaller
+    peak), or, when none does, the current plan at half its budget with ``fits=False``.
+    """
+    if plan.baseline_bytes is None:
+        raise ValueError("replan_candidate: the plan has no baseline_bytes")
+    unseen = max(0, measured - (plan.predicted_peak_bytes if plan.predicted_peak_bytes is not None else measured))
+    current = (plan.budget, plan.checkpoint, plan.solver)
+    fits = [c for c in plan.candidates if c.peak_bytes is not None and c.cost is not None
+            and plan.baseline_bytes + c.peak_bytes + unseen <= max_memory
+            and (c.budget, c.checkpoint, c.solver or plan.solver) != current]
+    if not fits:
+        return (Candidate(budget=max(0.0, round(plan.budget / 2, 3)), checkpoint=plan.checkpoint,
+                          solver="remat" if plan.solver == "remat" else ""), unseen, False)
+    return min(fits, key=lambda c: (c.cost if c.cost is not None else math.inf, c.peak_bytes or 0)), unseen, True
+
+
 def choose(
     candidates: Sequence[Candidate],
     *,
