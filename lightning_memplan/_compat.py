@@ -478,6 +478,12 @@ def storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
+def storage_weakref(t: torch.Tensor) -> Any:
+    """A weak reference to ``t``'s storage (``torch.multiprocessing.reductions.StorageWeakRef``):
+    ``.expired()`` once the storage is freed, ``.cdata`` its :func:`storage_key` while it is not."""
+    return require("torch.multiprocessing.reductions", "StorageWeakRef")(t.untyped_storage())
+
+
 def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     return require("torch.utils._pytree", "tree_map")(fn, tree)
 

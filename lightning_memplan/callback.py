@@ -29,6 +29,7 @@ from typing_extensions import override
 from ._compat import isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
+from .eager_loss import EagerLoss, measure_eager_loss
 from .plan import MemPlan
 from .planner import (
     PlanSettings,
@@ -248,6 +249,14 @@ class MemPlanCallback(Callback):
         #: forward again for inputs of other shapes (a smaller last batch, inputs of varying length).
         self.recompiles: list[CompileRecord] = []
         self._warned_dynamic = self._warned_shapes = False
+        #: The eager code between the forward and the backward (the loss training_step computes on
+        #: the outputs), measured on the first batch and laid into the forecasts; None when it was
+        #: not measured (several forward calls per step, manual optimization, a failure).
+        self.eager_loss: EagerLoss | None = None
+        # the first batch's forward outputs: gradient edges, {storage: bytes}, weak references
+        self._outputs: tuple[list[Any], list[tuple[Any, int]], list[Any]] | None = None
+        self._first_batch: Any = None
+        self._collectives = False  # the planned module's forward runs collectives (FSDP, TP)
 
     @property
     def state_key(self) -> str:
@@ -332,11 +341,58 @@ class MemPlanCallback(Callback):
                 self._fall_back(f"compiling the planned forward failed: {exc!r}")
                 return self._orig_forward(*args, **kwargs)
             self._first_call = False
+            # not under FSDP / tensor parallelism: their pre-backward hooks sit on the outputs, and a
+            # partial backward through the loss would unshard
+            if self._fit_batches == 1 and in_training and torch.is_grad_enabled() and not self._collectives:
+                self._note_outputs(out)
             if self._watch is not None and self._watch.compiles:
                 self._watch_seen = len(self._watch.compiles)  # the planned graph(s)
                 self._planned_shapes = self._watch.compiles[0].input_shapes
             return out
         return fn(*args, **kwargs)
+
+    def _note_outputs(self, out: Any) -> None:
+        """Remember the first batch's forward outputs (gradient edges, storages, weak references;
+        nothing that keeps them alive) for :meth:`on_before_backward`."""
+        import weakref
+
+        from torch.autograd.graph import get_gradient_edge
+
+        from ._compat import storage_weakref, tree_leaves
+
+        try:
+            leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            self._outputs = ([get_gradient_edge(t) for t in leaves if t.grad_fn is not None],
+                             [(storage_weakref(t), int(t.untyped_storage().nbytes())) for t in leaves],
+                             [weakref.ref(t) for t in leaves])
+        except Exception:  # noqa: BLE001 - no eager-loss measurement then
+            self._outputs = None
+
+    @override
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        """First batch: measure the eager code between the forward and the backward (the loss on the
+        outputs; :func:`~lightning_memplan.eager_loss.measure_eager_loss`)."""
+        outputs, self._outputs = self._outputs, None
+        if (outputs is None or self._fit_batches != 1 or self.plan is None or self.fallback_reason is not None
+                or self.forward_calls_per_step != 1 or not self._loop().automatic_optimization
+                or not outputs[0] or not isinstance(loss, torch.Tensor) or loss.grad_fn is None):
+            return
+        edges, storages, refs = outputs
+        module = self._module
+        assert module is not None
+        from ._compat import tree_leaves
+
+        batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
+        try:
+            alive = [t for t in (r() for r in refs) if t is not None]
+            # storages of outputs that are still allocated (a freed one's key may be reused)
+            live = {ref.cdata: n for ref, n in storages if not ref.expired()}
+            self.eager_loss = measure_eager_loss(loss, edges, outputs_bytes=sum(n for _, n in storages),
+                                                 live_outputs=live, alive_outputs=alive,
+                                                 exclude=[*module.parameters(), *batch], device=self._device())
+        except Exception as exc:  # noqa: BLE001 - the forecast goes on without it
+            rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
+                           "the compiled graphs only.")
 
     def _training(self) -> bool:
         trainer = self._trainer
@@ -456,6 +512,7 @@ class MemPlanCallback(Callback):
         self.forecast = fc
         self.plan = plan
         self._watch, self._watch_seen = watch, 0
+        self._collectives = forward_has_collectives(module)
         if not self._may_replan() and self._fit_batches > 1:
             self._example = None  # no re-plan can follow: do not hold on to the first batch
         self._active_forward = compiled
@@ -463,6 +520,8 @@ class MemPlanCallback(Callback):
         self.timings["install_seconds"] = time.perf_counter() - t0
         if self._fit_batches > 1 and self.forward_calls_per_step > 1:  # a re-plan: as many calls as before
             self._forecast_calls(self.forward_calls_per_step)
+        elif self._fit_batches > 1 and self.eager_loss is not None:  # a re-plan: the same loss
+            self._forecast_eager_loss(self.eager_loss)
         if self._verbose:
             self._print_plan()
         if self._log_plots:
@@ -485,7 +544,10 @@ class MemPlanCallback(Callback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._fit_batches += 1
-        if self._fit_batches == 1 or len(self._epoch_peaks) >= self._measure_batches:
+        if self._fit_batches == 1:
+            self._first_batch = batch  # its tensors are in the baseline, not in the eager loss
+            return
+        if len(self._epoch_peaks) >= self._measure_batches:
             return
         from .measure import PeakWindow
 
@@ -513,9 +575,14 @@ class MemPlanCallback(Callback):
                 f"is no forward to plan and compile; training goes on uncompiled.{hint}",
                 MemPlanWarning, stacklevel=2)
         if self._fit_batches == 1:
+            self._first_batch = self._outputs = None
             if self.forward_calls_per_step > 1 and self.plan is not None:
                 self._rejudge_for_calls(self.forward_calls_per_step)
                 self._forecast_calls(self.forward_calls_per_step)
+            elif self.plan is not None and self.forward_calls_per_step == 1:
+                self._rejudge_for_eager_loss()  # every rank: rank 0 decides with its measurement
+                if self.eager_loss is not None:
+                    self._forecast_eager_loss(self.eager_loss)
             self._kept_forecasts = ()
             if not self._may_replan():
                 self._example = None  # no re-plan can follow: do not hold on to the first batch
@@ -605,6 +672,63 @@ class MemPlanCallback(Callback):
                           "re-plans if the measured peak exceeds it.", MemPlanWarning, stacklevel=3)
         else:
             rank_zero_info(note)
+
+    def _rejudge_for_eager_loss(self) -> None:
+        """The search judged its candidates without the eager loss, measured since: judge them
+        again with it (kept forecasts laid out again, nothing compiled; rank 0 decides with its own
+        measurement, every rank takes part) and recompile once if another plan wins."""
+        plan, trainer, module = self.plan, self._trainer, self._module
+        if plan is None or not plan.candidates or self._example is None:
+            return  # the same on every rank: nothing was searched in this fit
+        assert module is not None
+
+        def decide() -> MemPlan:
+            loss = self.eager_loss
+            if loss is None or not self._kept_forecasts:
+                return plan  # not measured here: the plan stands
+            return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=1,
+                                eager_loss=loss, loop=self._loop())
+
+        try:
+            new = decide_on_rank_zero(trainer.strategy, decide,
+                                      all_ranks_run=forward_has_collectives(module)) if trainer else decide()
+        except Exception as exc:  # noqa: BLE001 - the plan chosen without it stands
+            warnings.warn(f"MemPlanCallback: judging the candidate plans with the measured loss failed ({exc!r}); "
+                          "keeping the plan chosen without it.", MemPlanWarning, stacklevel=3)
+            return
+        if (new.budget, new.checkpoint, new.solver) == (plan.budget, plan.checkpoint, plan.solver):
+            self.plan = dataclasses.replace(plan, candidates=new.candidates, knee=new.knee, reason=new.reason)
+            return
+        rank_zero_info(f"MemPlanCallback: with the loss on the outputs measured, the search chooses "
+                       f"{new.candidates[new.chosen].label} instead of {plan.candidates[plan.chosen].label} "
+                       "(recompiling once).")
+        self._install(new)
+
+    def _forecast_eager_loss(self, loss: EagerLoss) -> None:
+        """Lay the measured eager loss into the forecast
+        (:meth:`~lightning_memplan.forecasting.Forecast.with_eager_loss`) and predict from it."""
+        plan, fc = self.plan, self.forecast
+        if plan is None or fc is None or fc.peak_bytes is None:
+            return
+        try:
+            fc = fc.with_eager_loss(loss)
+            baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), self._loop())
+        except Exception as exc:  # noqa: BLE001 - the prediction without it stands
+            rank_zero_info(f"MemPlan: laying the measured loss into the forecast failed ({exc!r}).")
+            return
+        self.forecast = fc
+        self.plan = dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline,
+                                        breakdown={**plan.breakdown, "activations": fc.breakdown.activations})
+        if self._verbose:
+            rank_zero_info(
+                f"MemPlan: the loss training_step computes on the outputs, measured on the first batch: "
+                f"{format_bytes(loss.outputs_bytes)} of outputs, {format_bytes(loss.kept_bytes)} kept for backward, "
+                f"a backward of {format_bytes(loss.backward_peak_bytes)}; forecast now {format_bytes(peak)} above "
+                "the baseline.")
+        if self._max_memory is not None and peak is not None and baseline + peak > self._max_memory:
+            warnings.warn(f"MemPlanCallback: with the loss on the outputs (measured on the first batch) the forecast "
+                          f"is {format_bytes(baseline + peak)}, over max_memory {format_bytes(self._max_memory)}; the "
+                          "closed loop re-plans if the measured peak exceeds it.", MemPlanWarning, stacklevel=3)
 
     def _close_window(self) -> int | None:
         w, self._window = self._window, None

@@ -59,10 +59,12 @@ from lightning_memplan.compile import (
 )
 from lightning_memplan.estimator import (
     GRADIENTS,
+    GraphStorages,
     RegionMemory,
     node_device,
     profile_region,
 )
+from lightning_memplan.eager_loss import EagerLoss, eager_loss_events
 from lightning_memplan.fsdp_memory import Collectives, Point, fsdp_step_events
 from lightning_memplan.fsdp_memory import Event as FsdpEvent
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
@@ -182,7 +184,12 @@ class Forecast:
     #: What the CUDA caching allocator reports for this step (:mod:`lightning_memplan.allocations`),
     #: when the parameters are on CUDA; ``None`` otherwise.
     cuda_allocator: AllocatorForecast | None = None
+    #: The eager loss laid in by :meth:`with_eager_loss` (bytes measured on a real step); ``None``
+    #: when the loss was forecast inside the compiled graph (``loss_fn``) or not laid in.
+    eager_loss: EagerLoss | None = None
     _step: Callable[[], torch.Tensor] = field(repr=False, compare=False)
+    #: Calls of the model per step the timeline is laid out for (:meth:`repeated`).
+    _calls: int = field(default=1, repr=False, compare=False)
     _backend: MemplanBackend = field(repr=False, compare=False)
     #: What the timeline was laid out from: (per-region plans, executions, optimizer memory, FSDP
     #: overlay).
@@ -241,7 +248,37 @@ class Forecast:
             breakdown=dataclasses.replace(self.breakdown, activations=acts, gradients=grads,
                                           optimizer_temporaries=temps, fsdp_buffers=fsdp),
             regions=tuple(dataclasses.replace(r, calls=r.calls * calls) for r in self.regions),
-            allocations=None, cuda_allocator=None, problems=problems)
+            allocations=None, cuda_allocator=None, problems=problems, _calls=calls, eager_loss=None)
+
+    def with_eager_loss(self, loss: EagerLoss) -> Forecast:
+        """This forecast with the eager code between the forward and the backward laid in (the
+        loss ``training_step`` computes on the outputs, measured once:
+        :func:`~lightning_memplan.eager_loss.measure_eager_loss`) around the step's last compiled
+        region (:func:`~lightning_memplan.eager_loss.eager_loss_events`). The timeline, peak and
+        breakdown are laid out again (nothing is compiled); the allocation stream and the CUDA
+        allocator model are not (``None``; on CUDA the peak is the requested one). A forecast
+        already laid out for several calls (:meth:`repeated`) is returned as it is, with a problem.
+        """
+        if not self._parts or self.peak_bytes is None or self.breakdown is None:
+            return self
+        if self._calls > 1:
+            return dataclasses.replace(self, problems=self.problems + (
+                f"{self._calls} calls per step: the eager loss is not laid in",))
+        plans, executions, opt, overlay = self._parts
+        run = _executed(list(plans), executions)
+        events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in (overlay or {}).items()}
+        last = len(run) - 1
+        for point, evs in eager_loss_events(loss, last).items():
+            events.setdefault(point, []).extend(evs)
+        timeline, peak, (acts, grads, temps, fsdp) = _layout(run, opt, overlay=events,
+                                                             bw_hold={last: loss.output_grad_bytes})
+        problems = self.problems + ("the eager code between the forward and the backward (the loss on the "
+                                    "outputs) is laid in from one measured step",)
+        return dataclasses.replace(
+            self, peak_bytes=peak, requested_peak_bytes=peak, timeline=tuple(timeline),
+            breakdown=dataclasses.replace(self.breakdown, activations=acts, gradients=grads,
+                                          optimizer_temporaries=temps, fsdp_buffers=fsdp),
+            allocations=None, cuda_allocator=None, problems=problems, eager_loss=loss)
 
     def _detached(self) -> Forecast:
         """This forecast without its compiled step, backend and graphs: plain data that
@@ -357,6 +394,24 @@ class _Plan:
     #: :meth:`Forecast.repeated`).
     param_gradients: int = 0
     largest_param_gradient: int = 0
+    #: The step of ``bw_timeline`` that last reads the region's incoming gradient (its tangents or
+    #: views of them); ``None`` when unknown. An eager loss's gradients of the outputs, handed to
+    #: this backward instead, die there (:meth:`Forecast.with_eager_loss`).
+    tangent_last_use: int | None = None
+
+
+def _tangent_readers(gm: torch.fx.GraphModule | None) -> set[str]:
+    """Names of the backward graph's nodes that read its incoming gradient (the ``tangents_*``
+    placeholders' storages, views included); empty when the graph is unknown."""
+    if gm is None:
+        return set()
+    try:
+        storages = GraphStorages(gm.graph)
+        keys = storages.keys_of(n.name for n in gm.graph.nodes
+                                if n.op == "placeholder" and n.name.startswith("tangents"))
+        return {name for k in keys for name in storages.readers.get(k, ()) if name != "output"}
+    except Exception:  # noqa: BLE001 - unknown: the caller takes the whole backward
+        return set()
 
 
 def _workspaces(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> dict[int, tuple[int, str]]:
@@ -428,6 +483,10 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         param_gradients=min(region.param_grad_bytes, mem.gradient_bytes),
         largest_param_gradient=min(region.param_grad_max, mem.gradient_bytes),
     )
+    readers = _tangent_readers(region.bw_graph)
+    if readers and bw is not None:
+        used = [i for i, name in enumerate(bw.order) if name in readers]
+        fx_plan = dataclasses.replace(fx_plan, tangent_last_use=max(used) if used else None)
     if not use_scheduler:
         return fx_plan
     # prefer the replay of the generated wrapper (it sees buffer reuse); else the scheduler estimate
@@ -463,7 +522,16 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         keeps_inputs=keeps,
         param_gradients=fx_plan.param_gradients,
         largest_param_gradient=fx_plan.largest_param_gradient,
+        tangent_last_use=_last_step_reading(bs, readers, shift) if bs is not None else None,
     )
+
+
+def _last_step_reading(est: ScheduleEstimate, names: set[str], shift: int) -> int | None:
+    """The last step of ``est``'s timeline whose kernels were lowered from one of ``names``."""
+    if not names or not est.origins:
+        return None
+    steps = [i + shift for i, origin in enumerate(est.origins) if names & set(origin)]
+    return max(steps) if steps else None
 
 
 def _fsdp_overlay(fsdp: _compat.Fsdp2Units, plans: list[_Plan], executions: Sequence[int],
@@ -498,6 +566,7 @@ def _layout(
     plans: list[_Plan], opt: OptimizerMemory | None, *, ends: frozenset[int] | None = None,
     accumulate: Sequence[int] = (), inputs: Sequence[int] = (),
     overlay: Mapping[Point, Sequence[FsdpEvent]] | None = None,
+    bw_hold: Mapping[int, int] | None = None,
 ) -> tuple[list[TimelineStep], int, tuple[int, int, int, int]]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
 
@@ -521,9 +590,14 @@ def _layout(
     the batch for a later call), live until its backward has run (default 0).
 
     ``overlay``: allocations and frees of others at points of the step (FSDP's buffers,
-    :func:`~lightning_memplan.fsdp_memory.fsdp_step_events`): ``("fw" | "bw", j, "before" |
+    :func:`~lightning_memplan.fsdp_memory.fsdp_step_events`; the eager loss,
+    :func:`~lightning_memplan.eager_loss.eager_loss_events`): ``("fw" | "bw", j, "before" |
     "after")`` position ``j``'s forward or backward; each event is a step of its own, counted as
-    FSDP buffers or, category ``"gradients"``, as gradients (``zero_grad`` frees them).
+    FSDP buffers or, category ``"gradients"``, as gradients (``zero_grad`` frees them), or,
+    category ``"activations"``, as activations.
+    ``bw_hold[j]``: bytes live from the start of position ``j``'s backward until its last read of
+    its incoming gradient (``tangent_last_use``; unknown: the whole backward), then freed: an
+    eager loss's gradients of the outputs, handed to that backward instead of its own tangents.
 
     Returns the timeline, the peak, and (activations, gradients, optimizer temporaries, FSDP
     buffers) at the peak.
@@ -543,7 +617,7 @@ def _layout(
             offset += delta
             if category == "gradients":
                 grads += delta
-            else:
+            elif category != "activations":
                 fsdp += delta
             timeline.append(TimelineStep(phase=phase, region=region, node=name, bytes=offset))
             if offset > best[0]:
@@ -575,11 +649,17 @@ def _layout(
         start = offset - p.saved - (0 if gone else p.fw_retained - p.saved)
         if p.tangents_in_timeline:
             start -= handed
-        for node, b in zip(p.bw_nodes, p.bw_timeline):
-            timeline.append(TimelineStep(phase="backward", region=p.index, node=node, bytes=start + b))
+        held = (bw_hold or {}).get(pos, 0)
+        upto = len(p.bw_timeline) - 1 if p.tangent_last_use is None else p.tangent_last_use
+        for k, (node, b) in enumerate(zip(p.bw_nodes, p.bw_timeline)):
+            timeline.append(TimelineStep(phase="backward", region=p.index, node=node,
+                                         bytes=start + b + (held if k <= upto else 0)))
         if start + p.bw_peak > best[0]:
             g = grads + p.bw_grads_at_peak
             best = (start + p.bw_peak, (start + p.bw_peak - g - fsdp, g, 0, fsdp))
+        if held and start + held + max(p.bw_timeline[: upto + 1]) > best[0]:
+            top = start + held + max(p.bw_timeline[: upto + 1])
+            best = (top, (top - grads - fsdp, grads, 0, fsdp))
         offset = start + p.bw_end - (0 if p.tangents_in_timeline else handed)
         if acc[pos]:
             top = offset + p.largest_param_gradient  # one accumulated sum beside the new gradients

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .checkpointing import CheckpointPolicy, _policy_classes, checkpoint_candidates, resolve_blocks
+from .eager_loss import EagerLoss
 from .plan import MemPlan
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, PlanDoesNotFit, rejudge, search
 from .units import parse_bytes
@@ -315,10 +316,12 @@ def rejudge_plan(
     *,
     calls: int,
     new_input_bytes: int | Sequence[int] = 0,
+    eager_loss: EagerLoss | None = None,
     loop: TrainingLoop = TrainingLoop(),
 ) -> MemPlan:
     """``plan``'s candidates judged again for a training step that calls the model ``calls`` times
-    (``Forecast.repeated``; ``new_input_bytes`` as it takes them) and chosen again, as
+    (``Forecast.repeated``; ``new_input_bytes`` as it takes them), or, with one call, with the
+    measured ``eager_loss`` laid in (``Forecast.with_eager_loss``), and chosen again, as
     :func:`decide_plan` chooses; nothing is compiled. ``grads``: gradient bytes live when a step
     starts (see :func:`lightning_step_memory`). When nothing fits ``max_memory``, the smallest plan
     (as :func:`decide_plan`, without a warning: the caller reports it).
@@ -327,14 +330,17 @@ def rejudge_plan(
         ValueError: ``forecasts`` does not match ``plan.candidates``.
     """
     def judge(fc: Any) -> tuple[int, int | None]:
-        return lightning_step_memory(fc.repeated(calls, new_input_bytes), grads, loop)
+        if calls > 1:
+            return lightning_step_memory(fc.repeated(calls, new_input_bytes), grads, loop)
+        return lightning_step_memory(fc.with_eager_loss(eager_loss) if eager_loss is not None else fc, grads, loop)
 
     try:
         new = rejudge(plan, forecasts, judge, max_memory=settings.max_memory, solver=settings.solver)
     except PlanDoesNotFit as exc:
         new = exc.plan
-    return dataclasses.replace(new, backend=settings.backend,
-                               reason=f"{new.reason}, judged on {calls} forward calls per step")
+    how = (f"judged on {calls} forward calls per step" if calls > 1 or eager_loss is None
+           else "judged with the loss on the outputs measured on the first batch")
+    return dataclasses.replace(new, backend=settings.backend, reason=f"{new.reason}, {how}")
 
 
 def forecast_plan(

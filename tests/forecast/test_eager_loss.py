@@ -1,0 +1,101 @@
+"""The eager loss between the compiled forward and its backward: measured on a real step, laid into
+the forecast (lightning_memplan.eager_loss, Forecast.with_eager_loss)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+
+from lightning_memplan import forecast
+from lightning_memplan._compat import storage_key
+from lightning_memplan.eager_loss import EagerLoss, eager_loss_events, measure_eager_loss
+
+
+def _compiled_head(classes: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, classes))
+    x = torch.randn(64, 16)
+    out = torch.compile(model, backend="aot_eager", dynamic=False)(x)
+    return model, x, out
+
+
+def test_cross_entropy_keeps_its_log_softmax_and_hands_over_the_logits_gradient() -> None:
+    model, _, logits = _compiled_head(1000)
+    nbytes = 64 * 1000 * 4
+    edges = [get_gradient_edge(logits)]
+    target = torch.arange(64) % 1000
+    loss = F.cross_entropy(logits, target)
+    del logits  # training_step returned: only the loss's graph holds anything now
+    m = measure_eager_loss(loss, edges, outputs_bytes=nbytes, live_outputs={}, exclude=[*model.parameters(), target])
+    assert m.outputs_bytes == nbytes and m.outputs_kept_bytes == 0
+    assert nbytes <= m.kept_bytes <= nbytes + 16  # the log-softmax (and nll's scalars)
+    assert m.output_grad_bytes == nbytes
+    assert 2 * nbytes <= m.backward_peak_bytes <= 2 * nbytes + 16  # nll's gradient, then log-softmax's
+    loss.backward()  # the real backward still runs (retain_graph), once
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_mse_keeps_the_output_itself() -> None:
+    model, _, out = _compiled_head(8)
+    nbytes = 64 * 8 * 4
+    edges = [get_gradient_edge(out)]
+    target = torch.zeros(64, 8)
+    loss = F.mse_loss(out, target)
+    live = {storage_key(out): nbytes}
+    m = measure_eager_loss(loss, edges, outputs_bytes=nbytes, live_outputs=live, alive_outputs=[out],
+                           exclude=[*model.parameters(), target])
+    assert (m.outputs_kept_bytes, m.kept_bytes, m.output_grad_bytes) == (nbytes, 0, nbytes)
+
+
+def test_a_loss_without_the_outputs_is_refused() -> None:
+    _, _, out = _compiled_head(4)
+    edges = [get_gradient_edge(out)]
+    w = torch.ones(3, requires_grad=True)
+    with pytest.raises(ValueError, match="does not depend on the compiled forward's outputs"):
+        measure_eager_loss((w * 2).sum(), edges, outputs_bytes=0)
+    with pytest.raises(ValueError, match="no autograd graph"):
+        measure_eager_loss(torch.tensor(1.0), edges, outputs_bytes=0)
+
+
+def test_events_and_the_forecast_laid_out_with_them() -> None:
+    loss = EagerLoss(outputs_bytes=1000, outputs_kept_bytes=200, kept_bytes=3000, backward_peak_bytes=5000,
+                     output_grad_bytes=1000)
+    events = eager_loss_events(loss, 2)
+    assert set(events) == {("fw", 2, "after"), ("bw", 2, "before"), ("bw", 2, "after")}
+    assert sum(d for evs in events.values() for _, _, d in evs) == 0  # the gradients: bw_hold
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    fc = forecast(model, (torch.randn(128, 64),), budget=1.0, backend="aot_eager")
+    big = EagerLoss(outputs_bytes=10**6, outputs_kept_bytes=0, kept_bytes=10**6, backward_peak_bytes=3 * 10**6,
+                    output_grad_bytes=10**6)
+    laid = fc.with_eager_loss(big)
+    (plan,) = fc._parts[0]
+    # the loss's backward peaks on top of what the forward left (saved activations) and what the
+    # loss kept: 1 MB kept + 3 MB of its backward
+    assert laid.peak_bytes == plan.fw_retained + 4 * 10**6 and laid.eager_loss == big
+    assert laid.breakdown.activations + laid.breakdown.gradients <= laid.peak_bytes
+    assert {"eager_loss_forward", "eager_loss_backward"} <= {t.node for t in laid.timeline}
+    # the timeline ends where the plain one ends: everything the loss made is freed
+    assert laid.timeline[-1].bytes == fc.timeline[-1].bytes
+    # several calls per step: not laid in, said so
+    two = fc.repeated(2).with_eager_loss(big)
+    assert two.peak_bytes == fc.repeated(2).peak_bytes and "the eager loss is not laid in" in two.problems[-1]
+
+
+def test_the_outputs_gradients_die_at_the_backwards_last_read_of_its_incoming_gradient() -> None:
+    from lightning_memplan.forecasting import _layout, _Plan
+
+    def plan(last_use: int | None) -> _Plan:
+        return _Plan(index=0, method="fx", fw_nodes=("a",), fw_timeline=(10,), fw_retained=10, saved=10,
+                     bw_nodes=("b0", "b1", "b2", "b3"), bw_timeline=(0, 100, 50, 300), bw_end=0, bw_peak=300,
+                     bw_grads_at_peak=0, gradients=0, tangents=4, tangents_in_timeline=True, grad_copy=0,
+                     tangent_last_use=last_use)
+
+    # held 1000 B through step 1 (the last read): the backward's own peak (300) comes after it died
+    _, peak, _ = _layout([plan(1)], None, bw_hold={0: 1000})
+    assert peak == 1000 + 100
+    # unknown last read: held through the whole backward, an upper bound
+    _, peak, _ = _layout([plan(None)], None, bw_hold={0: 1000})
+    assert peak == 1000 + 300
