@@ -121,7 +121,10 @@ class MemPlanCallback(Callback):
         log_plots: write the Pareto-front and memory-timeline PNGs into the logger's directory (and
             as TensorBoard figures, MLflow run artifacts under ``memplan/``, or W&B images under
             the keys ``memplan/frontier`` and ``memplan/timeline``, when those loggers are used).
-        compile_kwargs: extra keyword arguments for ``torch.compile`` (e.g. ``{"dynamic": False}``).
+        compile_kwargs: extra keyword arguments for ``torch.compile``. The callback compiles with
+            ``dynamic=False`` unless they set ``dynamic``: a smaller last batch then gets a static
+            graph of its own, and the planned graph keeps serving the planned size (see
+            :mod:`.compile_watch`; ``recompiles`` lists the graphs compiled after the planned one).
         verbose: print the plan table at fit start and a line per epoch (rank zero).
         submodule: attribute path of the submodule to plan and compile (e.g. ``"model"`` when
             ``training_step`` calls ``self.model(x)``, or ``"model.backbone"``); default: the

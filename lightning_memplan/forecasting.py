@@ -254,7 +254,9 @@ class Forecast:
         """This forecast with the eager code between the forward and the backward laid in (the
         loss ``training_step`` computes on the outputs, measured once:
         :func:`~lightning_memplan.eager_loss.measure_eager_loss`) around the step's last compiled
-        region (:func:`~lightning_memplan.eager_loss.eager_loss_events`). The timeline, peak and
+        region (:func:`~lightning_memplan.eager_loss.eager_loss_events`); the outputs' gradients
+        live in that region's backward until its last read of its incoming gradient (FX plans;
+        under inductor the stand-in loss's realized gradient already holds those bytes). The timeline, peak and
         breakdown are laid out again (nothing is compiled); the allocation stream and the CUDA
         allocator model are not (``None``; on CUDA the peak is the requested one). A forecast
         already laid out for several calls (:meth:`repeated`) is returned as it is, with a problem.
@@ -270,8 +272,11 @@ class Forecast:
         last = len(run) - 1
         for point, evs in eager_loss_events(loss, last).items():
             events.setdefault(point, []).extend(evs)
-        timeline, peak, (acts, grads, temps, fsdp) = _layout(run, opt, overlay=events,
-                                                             bw_hold={last: loss.output_grad_bytes})
+        # Under inductor the stand-in loss's gradient, broadcast to the outputs' shape, is realized
+        # as a buffer of their size wherever a matmul reads it, until its last read: it already
+        # stands in for the real gradients there. In an FX graph it stays a view of the scalar.
+        hold = loss.output_grad_bytes if run[last].method == "fx" else 0
+        timeline, peak, (acts, grads, temps, fsdp) = _layout(run, opt, overlay=events, bw_hold={last: hold})
         problems = self.problems + ("the eager code between the forward and the backward (the loss on the "
                                     "outputs) is laid in from one measured step",)
         return dataclasses.replace(
