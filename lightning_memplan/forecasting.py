@@ -256,8 +256,8 @@ class Forecast:
         :func:`~lightning_memplan.eager_loss.measure_eager_loss`) around the step's last compiled
         region (:func:`~lightning_memplan.eager_loss.eager_loss_events`); the outputs' gradients
         live in that region's backward until its last read of its incoming gradient (FX plans;
-        under inductor the stand-in loss's realized gradient already holds those bytes). The timeline, peak and
-        breakdown are laid out again (nothing is compiled); the allocation stream and the CUDA
+        under inductor the stand-in loss's realized gradient already holds those bytes). The
+        timeline, peak and breakdown are laid out again (nothing is compiled); the allocation stream and the CUDA
         allocator model are not (``None``; on CUDA the peak is the requested one). A forecast
         already laid out for several calls (:meth:`repeated`) is returned as it is, with a problem.
         """
