@@ -580,10 +580,10 @@ class MemPlanCallback(Callback):
         if self._fit_batches == 1:
             self._first_batch = self._outputs = None
             if self.forward_calls_per_step > 1 and self.plan is not None:
-                self._rejudge_for_calls(self.forward_calls_per_step)
+                self._rejudge(self.forward_calls_per_step)
                 self._forecast_calls(self.forward_calls_per_step)
             elif self.plan is not None and self.forward_calls_per_step == 1:
-                self._rejudge_for_eager_loss()  # every rank: rank 0 decides with its measurement
+                self._rejudge(1)  # every rank: rank 0 decides with its measurement
                 if self.eager_loss is not None:
                     self._forecast_eager_loss(self.eager_loss)
             self._kept_forecasts = ()
@@ -615,32 +615,40 @@ class MemPlanCallback(Callback):
             seen.update(storages)
         return fresh if len(fresh) == calls - 1 else 0
 
-    def _rejudge_for_calls(self, calls: int) -> None:
-        """The search chose the plan on one forward call; ``training_step`` made ``calls``. Judge
-        the search's candidates again on ``calls`` calls (their kept forecasts, laid out again:
-        nothing is compiled), rank 0 deciding, and recompile once if another plan wins."""
-        plan, trainer = self.plan, self._trainer
+    def _rejudge(self, calls: int) -> None:
+        """The search chose the plan at the first forward call, before the first batch showed how
+        the step runs: judge the search's candidates again (their kept forecasts laid out again,
+        nothing compiled) on ``calls`` forward calls per step, or, with one call, with the eager
+        loss measured since (rank 0 decides with its own measurement; every rank takes part), and
+        recompile once if another plan wins."""
+        plan, trainer, module = self.plan, self._trainer, self._module
         if plan is None or not plan.candidates or self._example is None:
-            return  # a fixed budget, a given or resumed plan: nothing was searched in this fit
-        module = self._module
+            return  # the same on every rank: nothing was searched in this fit (a fixed, given or resumed plan)
         assert module is not None
+        what = f"on {calls} forward calls per step" if calls > 1 else "with the loss on the outputs measured"
 
         def decide() -> MemPlan:
-            return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=calls,
-                                new_input_bytes=self._fresh_input_bytes(calls), loop=self._loop())
+            if calls > 1:
+                return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=calls,
+                                    new_input_bytes=self._fresh_input_bytes(calls), loop=self._loop())
+            if self.eager_loss is None or not self._kept_forecasts:
+                return plan  # not measured here: the plan stands
+            return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=1,
+                                eager_loss=self.eager_loss, loop=self._loop())
 
         try:
             lockstep = forward_has_collectives(module)
             new = decide_on_rank_zero(trainer.strategy, decide, all_ranks_run=lockstep) if trainer else decide()
-        except Exception as exc:  # noqa: BLE001 - the plan chosen on one call stands
-            warnings.warn(f"MemPlanCallback: judging the candidate plans on {calls} forward calls per step failed "
-                          f"({exc!r}); keeping the plan chosen on one call.", MemPlanWarning, stacklevel=3)
+        except Exception as exc:  # noqa: BLE001 - the plan chosen at the first call stands
+            warnings.warn(f"MemPlanCallback: judging the candidate plans {what} failed ({exc!r}); keeping the "
+                          "plan chosen at the first forward call.", MemPlanWarning, stacklevel=3)
             return
         same = (new.budget, new.checkpoint, new.solver) == (plan.budget, plan.checkpoint, plan.solver)
-        rank_zero_info(
-            f"MemPlanCallback: training_step called the planned forward {calls} times; judged on {calls} calls "
-            f"the search {'keeps' if same else 'chooses'} {new.candidates[new.chosen].label}"
-            + ("." if same else f" instead of {plan.candidates[plan.chosen].label} (recompiling once)."))
+        if calls > 1 or not same:
+            rank_zero_info(
+                f"MemPlanCallback: judged {what}, the search {'keeps' if same else 'chooses'} "
+                f"{new.candidates[new.chosen].label}"
+                + ("." if same else f" instead of {plan.candidates[plan.chosen].label} (recompiling once)."))
         if same:
             self.plan = dataclasses.replace(plan, candidates=new.candidates, knee=new.knee, reason=new.reason)
             return
@@ -675,37 +683,6 @@ class MemPlanCallback(Callback):
                           "re-plans if the measured peak exceeds it.", MemPlanWarning, stacklevel=3)
         else:
             rank_zero_info(note)
-
-    def _rejudge_for_eager_loss(self) -> None:
-        """The search judged its candidates without the eager loss, measured since: judge them
-        again with it (kept forecasts laid out again, nothing compiled; rank 0 decides with its own
-        measurement, every rank takes part) and recompile once if another plan wins."""
-        plan, trainer, module = self.plan, self._trainer, self._module
-        if plan is None or not plan.candidates or self._example is None:
-            return  # the same on every rank: nothing was searched in this fit
-        assert module is not None
-
-        def decide() -> MemPlan:
-            loss = self.eager_loss
-            if loss is None or not self._kept_forecasts:
-                return plan  # not measured here: the plan stands
-            return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=1,
-                                eager_loss=loss, loop=self._loop())
-
-        try:
-            new = decide_on_rank_zero(trainer.strategy, decide,
-                                      all_ranks_run=forward_has_collectives(module)) if trainer else decide()
-        except Exception as exc:  # noqa: BLE001 - the plan chosen without it stands
-            warnings.warn(f"MemPlanCallback: judging the candidate plans with the measured loss failed ({exc!r}); "
-                          "keeping the plan chosen without it.", MemPlanWarning, stacklevel=3)
-            return
-        if (new.budget, new.checkpoint, new.solver) == (plan.budget, plan.checkpoint, plan.solver):
-            self.plan = dataclasses.replace(plan, candidates=new.candidates, knee=new.knee, reason=new.reason)
-            return
-        rank_zero_info(f"MemPlanCallback: with the loss on the outputs measured, the search chooses "
-                       f"{new.candidates[new.chosen].label} instead of {plan.candidates[plan.chosen].label} "
-                       "(recompiling once).")
-        self._install(new)
 
     def _forecast_eager_loss(self, loss: EagerLoss) -> None:
         """Lay the measured eager loss into the forecast
