@@ -473,8 +473,9 @@ class _WideHead(TinyNet):
 def test_the_loss_computed_on_the_outputs_is_measured_and_forecast(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The forecast compiles forward and a stand-in loss together; the real step computes
-    cross_entropy eagerly on 2 MB of logits. Unmeasured, the forecast misses that (below: -40%;
-    -56% on an LM with a vocabulary of 8,000). Now it is measured on the first batch and laid in."""
+    cross_entropy eagerly on 2 MB of logits. Unmeasured, the forecast misses that (more than 20%
+    low here; -56.6% on benchmarks/eager_loss.py's vocabulary of 8,000). Now it is measured on the
+    first batch and laid in."""
     import lightning_memplan.callback as callback_mod
 
     def unmeasured(*args: Any, **kwargs: Any) -> None:
