@@ -343,6 +343,8 @@ class RegionMemory:
     saves_activation_inputs: bool | None = None
     #: Storage keys of the backward's incoming gradients (among ``bw.inputs``).
     tangent_keys: frozenset[int] = frozenset()
+    #: Names of the backward's nodes that read an incoming gradient's storage (views included).
+    tangent_readers: frozenset[str] = frozenset()
 
 
 def profile_region(
@@ -399,6 +401,7 @@ def profile_region(
     if activation_inputs is not None and shared:
         act_keys = fws.keys_of(activation_inputs) & fws.input_keys
         saves_acts = any(set(bws.produced[p.name]) & act_keys for p in placeholders if p.name not in tangents)
+    tangent_keys = bws.keys_of(tangents) & bws.input_keys
     copies = [
         t.numel() * t.element_size()
         for src in bw_graph.find_nodes(op="output")[0].all_input_nodes
@@ -414,6 +417,7 @@ def profile_region(
         tangent_bytes=_bytes(bws, tangents),
         gradient_bytes=sum(bws.nbytes[k] for k in grad_keys if devices is None or bws.device[k] in devices),
         matched_by="storage" if shared else "name",
-        tangent_keys=frozenset(bws.keys_of(tangents) & bws.input_keys),
+        tangent_keys=frozenset(tangent_keys),
+        tangent_readers=frozenset(n for k in tangent_keys for n in bws.readers.get(k, ()) if n != "output"),
         saves_activation_inputs=saves_acts,
     )

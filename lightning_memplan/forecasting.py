@@ -59,7 +59,6 @@ from lightning_memplan.compile import (
 )
 from lightning_memplan.estimator import (
     GRADIENTS,
-    GraphStorages,
     RegionMemory,
     node_device,
     profile_region,
@@ -405,20 +404,6 @@ class _Plan:
     tangent_last_use: int | None = None
 
 
-def _tangent_readers(gm: torch.fx.GraphModule | None) -> set[str]:
-    """Names of the backward graph's nodes that read its incoming gradient (the ``tangents_*``
-    placeholders' storages, views included); empty when the graph is unknown."""
-    if gm is None:
-        return set()
-    try:
-        storages = GraphStorages(gm.graph)
-        keys = storages.keys_of(n.name for n in gm.graph.nodes
-                                if n.op == "placeholder" and n.name.startswith("tangents"))
-        return {name for k in keys for name in storages.readers.get(k, ()) if name != "output"}
-    except Exception:  # noqa: BLE001 - unknown: the caller takes the whole backward
-        return set()
-
-
 def _workspaces(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> dict[int, tuple[int, str]]:
     """Each extern kernel's workspace at the step of ``est.timeline`` it runs in: step -> (bytes, device).
 
@@ -488,7 +473,7 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         param_gradients=min(region.param_grad_bytes, mem.gradient_bytes),
         largest_param_gradient=min(region.param_grad_max, mem.gradient_bytes),
     )
-    readers = _tangent_readers(region.bw_graph)
+    readers = set(mem.tangent_readers)
     if readers and bw is not None:
         used = [i for i, name in enumerate(bw.order) if name in readers]
         fx_plan = dataclasses.replace(fx_plan, tangent_last_use=max(used) if used else None)
