@@ -29,7 +29,7 @@ from typing_extensions import override
 from ._compat import isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
-from .eager_loss import EagerLoss, measure_eager_loss
+from .eager_loss import EagerLoss, NotedOutputs, measure_eager_losses
 from .plan import MemPlan
 from .planner import (
     PlanSettings,
@@ -38,8 +38,10 @@ from .planner import (
     check_submodule,
     decide_plan,
     forecast_plan,
+    fresh_input_bytes,
     grad_bytes,
-    lightning_step_memory,
+    input_storages,
+    lay_out_step,
     lightning_step_timeline,
     live_grad_bytes,
     plan_solver,
@@ -57,14 +59,6 @@ _MISSING = object()
 
 MemPlanWarning = PlanWarning
 """Planning fell back or changed course; training goes on."""
-
-
-def _input_storages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, int]:
-    """``{storage key: bytes}`` of the tensors among a call's arguments (no reference kept)."""
-    from ._compat import storage_key, tree_leaves
-
-    leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    return {storage_key(t): int(t.untyped_storage().nbytes()) for t in leaves}
 
 
 def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
@@ -253,11 +247,14 @@ class MemPlanCallback(Callback):
         self.recompiles: list[CompileRecord] = []
         self._warned_dynamic = self._warned_shapes = False
         #: The eager code between the forward and the backward (the loss training_step computes on
-        #: the outputs), measured on the first batch and laid into the forecasts; None when it was
-        #: not measured (several forward calls per step, manual optimization, a failure).
-        self.eager_loss: EagerLoss | None = None
-        # the first batch's forward outputs: gradient edges, {storage: bytes}, weak references
-        self._outputs: tuple[list[Any], list[tuple[Any, int]], list[Any]] | None = None
+        #: the outputs, metrics, logging), measured on the first batch and laid into the forecasts:
+        #: one per call of the forward; empty when it was not measured (under FSDP or tensor
+        #: parallelism, a failure).
+        self.eager_losses: tuple[EagerLoss, ...] = ()
+        # per call of the first batch's forward: its outputs and the peak of the eager code after
+        # it; None once measured or dropped
+        self._outputs: list[NotedOutputs] | None = None
+        self._eager_window: Any = None  # open from a call's return to the next call or the backward
         self._first_batch: Any = None
         self._collectives = False  # the planned module's forward runs collectives (FSDP, TP)
 
@@ -309,6 +306,7 @@ class MemPlanCallback(Callback):
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._close_window()
+        self._close_eager_window()
         self._restore()
 
     def _restore(self) -> None:
@@ -330,13 +328,16 @@ class MemPlanCallback(Callback):
         in_training = trainer.training if trainer is not None else module.training
         if self._fit_batches == 1 and in_training and torch.is_grad_enabled():
             self.forward_calls_per_step += 1
-            self._call_inputs.append(_input_storages(args, kwargs))
+            self._call_inputs.append(input_storages(args, kwargs))
         if self.plan is None and self.fallback_reason is None and in_training and torch.is_grad_enabled():
             self._example = (args, kwargs)
             self._activate()
         fn = self._active_forward
         if fn is None:
             return self._orig_forward(*args, **kwargs)
+        noting = self._fit_batches == 1 and in_training and torch.is_grad_enabled()
+        if noting:
+            self._close_eager_window()  # the eager code after the previous call ends here
         if self._first_call:
             try:
                 out = fn(*args, **kwargs)
@@ -344,58 +345,73 @@ class MemPlanCallback(Callback):
                 self._fall_back(f"compiling the planned forward failed: {exc!r}")
                 return self._orig_forward(*args, **kwargs)
             self._first_call = False
-            # not under FSDP / tensor parallelism: their pre-backward hooks sit on the outputs, and a
-            # partial backward through the loss would unshard
-            if self._fit_batches == 1 and in_training and torch.is_grad_enabled() and not self._collectives:
-                self._note_outputs(out)
             if self._watch is not None and self._watch.compiles:
                 self._watch_seen = len(self._watch.compiles)  # the planned graph(s)
                 self._planned_shapes = self._watch.compiles[0].input_shapes
-            return out
-        return fn(*args, **kwargs)
+        else:
+            out = fn(*args, **kwargs)
+        # not under FSDP / tensor parallelism: their pre-backward hooks sit on the outputs, and a
+        # partial backward through the loss would unshard
+        if noting and not self._collectives:
+            self._note_outputs(out)
+        return out
 
     def _note_outputs(self, out: Any) -> None:
-        """Remember the first batch's forward outputs (gradient edges, storages, weak references;
-        nothing that keeps them alive) for :meth:`on_before_backward`."""
-        import weakref
+        """Note this call's outputs (:class:`~lightning_memplan.eager_loss.NotedOutputs`: nothing
+        that keeps them alive) for :meth:`on_before_backward`, and open a window on the eager code
+        that follows (until the next call or the backward)."""
+        from .measure import PeakWindow
 
-        from torch.autograd.graph import get_gradient_edge
-
-        from ._compat import storage_weakref, tree_leaves
-
+        if self._outputs is None:
+            if self.forward_calls_per_step > 1:
+                return  # an earlier call could not be noted: nothing is measured for this step
+            self._outputs = []
         try:
-            leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            self._outputs = ([get_gradient_edge(t) for t in leaves if t.grad_fn is not None],
-                             [(storage_weakref(t), int(t.untyped_storage().nbytes())) for t in leaves],
-                             [weakref.ref(t) for t in leaves])
+            self._outputs.append(NotedOutputs.of(out))
+            self._eager_window = PeakWindow(self._device())
+            self._eager_window.__enter__()
         except Exception:  # noqa: BLE001 - no eager-loss measurement then
-            self._outputs = None
+            self._outputs = self._eager_window = None
+
+    def _close_eager_window(self) -> None:
+        """End the window on the eager code after the last noted call; its peak goes with that call."""
+        window, self._eager_window = self._eager_window, None
+        if window is None:
+            return
+        try:
+            window.__exit__(None, None, None)
+        except Exception:  # noqa: BLE001 - measured without it
+            return
+        if self._outputs:
+            self._outputs[-1].forward_peak_bytes = int(window.peak_bytes)
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        """First batch: measure the eager code between the forward and the backward (the loss on the
-        outputs; :func:`~lightning_memplan.eager_loss.measure_eager_loss`)."""
+        """First batch: measure the eager code between the forward's calls and the backward (the
+        loss on the outputs, metrics; :func:`~lightning_memplan.eager_loss.measure_eager_losses`)."""
+        self._close_eager_window()
         outputs, self._outputs = self._outputs, None
         if (outputs is None or self._fit_batches != 1 or self.plan is None or self.fallback_reason is not None
-                or self.forward_calls_per_step != 1 or not self._loop().automatic_optimization
-                or not outputs[0] or not isinstance(loss, torch.Tensor) or loss.grad_fn is None):
+                or len(outputs) != self.forward_calls_per_step or not any(o.edges for o in outputs)
+                or not isinstance(loss, torch.Tensor) or loss.grad_fn is None):
             return
-        edges, storages, refs = outputs
         module = self._module
         assert module is not None
         from ._compat import tree_leaves
 
         batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
         try:
-            alive = [t for t in (r() for r in refs) if t is not None]
-            # storages of outputs that are still allocated (a freed one's key may be reused)
-            live = {ref.cdata: n for ref, n in storages if not ref.expired()}
-            self.eager_loss = measure_eager_loss(loss, edges, outputs_bytes=sum(n for _, n in storages),
-                                                 live_outputs=live, alive_outputs=alive,
-                                                 exclude=[*module.parameters(), *batch], device=self._device())
+            self.eager_losses = measure_eager_losses(loss, [o.now() for o in outputs],
+                                                     exclude=[*module.parameters(), *batch], device=self._device())
         except Exception as exc:  # noqa: BLE001 - the forecast goes on without it
             rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
                            "the compiled graphs only.")
+
+    @property
+    def eager_loss(self) -> EagerLoss | None:
+        """The eager code between the forward and the backward measured on the first batch, when
+        ``training_step`` calls the forward once (:attr:`eager_losses` has one per call)."""
+        return self.eager_losses[0] if len(self.eager_losses) == 1 else None
 
     def _training(self) -> bool:
         trainer = self._trainer
@@ -521,10 +537,8 @@ class MemPlanCallback(Callback):
         self._active_forward = compiled
         self._first_call = True
         self.timings["install_seconds"] = time.perf_counter() - t0
-        if self._fit_batches > 1 and self.forward_calls_per_step > 1:  # a re-plan: as many calls as before
-            self._forecast_calls(self.forward_calls_per_step)
-        elif self._fit_batches > 1 and self.eager_loss is not None:  # a re-plan: the same loss
-            self._forecast_eager_loss(self.eager_loss)
+        if self._fit_batches > 1:  # a re-plan: as many calls as before, the same eager loss
+            self._forecast_step()
         if self._verbose:
             self._print_plan()
         if self._log_plots:
@@ -578,14 +592,11 @@ class MemPlanCallback(Callback):
                 f"is no forward to plan and compile; training goes on uncompiled.{hint}",
                 MemPlanWarning, stacklevel=2)
         if self._fit_batches == 1:
+            self._close_eager_window()  # no backward ran in this batch
             self._first_batch = self._outputs = None
-            if self.forward_calls_per_step > 1 and self.plan is not None:
-                self._rejudge(self.forward_calls_per_step)
-                self._forecast_calls(self.forward_calls_per_step)
-            elif self.plan is not None and self.forward_calls_per_step == 1:
-                self._rejudge(1)  # every rank: rank 0 decides with its measurement
-                if self.eager_loss is not None:
-                    self._forecast_eager_loss(self.eager_loss)
+            if self.plan is not None and self.forward_calls_per_step >= 1:
+                self._rejudge(self.forward_calls_per_step)  # every rank: rank 0 decides with its measurement
+                self._forecast_step()
             self._kept_forecasts = ()
             if not self._may_replan():
                 self._example = None  # no re-plan can follow: do not hold on to the first batch
@@ -605,36 +616,30 @@ class MemPlanCallback(Callback):
         return self._replan and self._max_memory is not None and not self._replanned
 
     def _fresh_input_bytes(self, calls: int) -> list[int] | int:
-        """Bytes of the inputs each call after the first got that no earlier call had (another
-        view of the batch), from the first batch; 0 when they were not recorded for every call."""
-        seen: dict[int, int] = {}
-        fresh = []
-        for i, storages in enumerate(self._call_inputs[:calls]):
-            if i:
-                fresh.append(sum(n for k, n in storages.items() if k not in seen))
-            seen.update(storages)
-        return fresh if len(fresh) == calls - 1 else 0
+        """Bytes of the inputs each call after the first got that no earlier call had (another view
+        of the batch), from the first batch; 0 when they were not recorded for every call."""
+        return fresh_input_bytes(self._call_inputs, calls)
 
     def _rejudge(self, calls: int) -> None:
         """The search chose the plan at the first forward call, before the first batch showed how
         the step runs: judge the search's candidates again (their kept forecasts laid out again,
-        nothing compiled) on ``calls`` forward calls per step, or, with one call, with the eager
-        loss measured since (rank 0 decides with its own measurement; every rank takes part), and
-        recompile once if another plan wins."""
+        nothing compiled) on ``calls`` forward calls per step and with the eager loss measured
+        since (rank 0 decides with its own measurement; every rank takes part), and recompile once
+        if another plan wins."""
         plan, trainer, module = self.plan, self._trainer, self._module
         if plan is None or not plan.candidates or self._example is None:
             return  # the same on every rank: nothing was searched in this fit (a fixed, given or resumed plan)
         assert module is not None
-        what = f"on {calls} forward calls per step" if calls > 1 else "with the loss on the outputs measured"
+        what = " and ".join(
+            ([f"on {calls} forward calls per step"] if calls > 1 else [])
+            + (["with the loss on the outputs measured"] if self.eager_losses else [])) or "again"
 
         def decide() -> MemPlan:
-            if calls > 1:
-                return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=calls,
-                                    new_input_bytes=self._fresh_input_bytes(calls), loop=self._loop())
-            if self.eager_loss is None or not self._kept_forecasts:
-                return plan  # not measured here: the plan stands
-            return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=1,
-                                eager_loss=self.eager_loss, loop=self._loop())
+            if (calls == 1 and not self.eager_losses) or not self._kept_forecasts:
+                return plan  # nothing new to judge by: the plan stands
+            return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=calls,
+                                new_input_bytes=self._fresh_input_bytes(calls),
+                                eager_loss=self.eager_losses or None, loop=self._loop())
 
         try:
             lockstep = forward_has_collectives(module)
@@ -654,61 +659,49 @@ class MemPlanCallback(Callback):
             return
         self._install(new)
 
-    def _forecast_calls(self, calls: int) -> None:
-        """``training_step`` called the planned forward ``calls`` times in the first batch: lay the
-        forecast out for that many calls (:meth:`~lightning_memplan.forecasting.Forecast.repeated`;
-        nothing is compiled) and predict from it."""
+    def _forecast_step(self) -> None:
+        """Lay the forecast out for the step the first batch showed (nothing is compiled) and
+        predict from it: ``training_step`` called the planned forward several times
+        (:meth:`~lightning_memplan.forecasting.Forecast.repeated`), and the eager code between the
+        forward and the backward was measured
+        (:meth:`~lightning_memplan.forecasting.Forecast.with_eager_loss`)."""
+        calls, losses = self.forward_calls_per_step, self.eager_losses
         plan, fc = self.plan, self.forecast
-        assert plan is not None
+        if plan is None or (calls <= 1 and not losses):
+            return
         if fc is None or fc.peak_bytes is None:
-            warnings.warn(
-                f"MemPlanCallback: training_step called the planned forward {calls} times in one step and "
-                "there is no forecast to lay out for them.", MemPlanWarning, stacklevel=3)
+            if calls > 1:
+                warnings.warn(
+                    f"MemPlanCallback: training_step called the planned forward {calls} times in one step and "
+                    "there is no forecast to lay out for them.", MemPlanWarning, stacklevel=3)
             return
         try:
-            fc = fc.repeated(calls, new_input_bytes=self._fresh_input_bytes(calls))
-            baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), self._loop())
-        except Exception as exc:  # noqa: BLE001 - the one-call prediction stands; training goes on
-            warnings.warn(f"MemPlanCallback: laying the forecast out for {calls} forward calls per step failed "
-                          f"({exc!r}); the prediction covers one call.", MemPlanWarning, stacklevel=3)
+            plan, fc = lay_out_step(plan, fc, calls=calls, new_input_bytes=self._fresh_input_bytes(calls),
+                                    eager_losses=losses, loop=self._loop())
+        except Exception as exc:  # noqa: BLE001 - the plain prediction stands; training goes on
+            warnings.warn(f"MemPlanCallback: laying the forecast out for the step the first batch ran failed "
+                          f"({exc!r}); the prediction covers one call of the compiled graphs.",
+                          MemPlanWarning, stacklevel=3)
             return
-        self.forecast = fc
-        self.plan = dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline,
-                                        breakdown={**plan.breakdown, "activations": fc.breakdown.activations})
-        note = (f"MemPlanCallback: training_step called the planned forward {calls} times in one step; the "
-                f"forecast now covers {calls} calls (every call's saved activations live until its backward): "
-                f"{format_bytes(peak)} above the baseline.")
+        self.forecast, self.plan = fc, plan
+        baseline, peak = plan.baseline_bytes, plan.predicted_peak_bytes
+        parts = []
+        if calls > 1:
+            parts.append(f"training_step called the planned forward {calls} times in one step; the forecast now "
+                         f"covers {calls} calls (every call's saved activations live until its backward)")
+        if losses and (calls > 1 or self._verbose):
+            kept = sum(m.kept_bytes for m in losses)
+            eager = max(max(m.forward_peak_bytes, m.kept_bytes) for m in losses)
+            parts.append(f"the eager code after the forward (the loss on the outputs, measured on the first batch): "
+                         f"{format_bytes(sum(m.outputs_bytes for m in losses))} of outputs, up to "
+                         f"{format_bytes(eager)} made, {format_bytes(kept)} kept for backward, a backward of "
+                         f"{format_bytes(max(m.backward_peak_bytes for m in losses))}")
+        note = f"MemPlanCallback: {'; '.join(parts)}. Forecast now {format_bytes(peak)} above the baseline."
         if self._max_memory is not None and peak is not None and baseline + peak > self._max_memory:
             warnings.warn(f"{note} That exceeds max_memory {format_bytes(self._max_memory)}; the closed loop "
                           "re-plans if the measured peak exceeds it.", MemPlanWarning, stacklevel=3)
-        else:
+        elif parts:
             rank_zero_info(note)
-
-    def _forecast_eager_loss(self, loss: EagerLoss) -> None:
-        """Lay the measured eager loss into the forecast
-        (:meth:`~lightning_memplan.forecasting.Forecast.with_eager_loss`) and predict from it."""
-        plan, fc = self.plan, self.forecast
-        if plan is None or fc is None or fc.peak_bytes is None:
-            return
-        try:
-            fc = fc.with_eager_loss(loss)
-            baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), self._loop())
-        except Exception as exc:  # noqa: BLE001 - the prediction without it stands
-            rank_zero_info(f"MemPlan: laying the measured loss into the forecast failed ({exc!r}).")
-            return
-        self.forecast = fc
-        self.plan = dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline,
-                                        breakdown={**plan.breakdown, "activations": fc.breakdown.activations})
-        if self._verbose:
-            rank_zero_info(
-                f"MemPlan: the loss training_step computes on the outputs, measured on the first batch: "
-                f"{format_bytes(loss.outputs_bytes)} of outputs, {format_bytes(loss.kept_bytes)} kept for backward, "
-                f"a backward of {format_bytes(loss.backward_peak_bytes)}; forecast now {format_bytes(peak)} above "
-                "the baseline.")
-        if self._max_memory is not None and peak is not None and baseline + peak > self._max_memory:
-            warnings.warn(f"MemPlanCallback: with the loss on the outputs (measured on the first batch) the forecast "
-                          f"is {format_bytes(baseline + peak)}, over max_memory {format_bytes(self._max_memory)}; the "
-                          "closed loop re-plans if the measured peak exceeds it.", MemPlanWarning, stacklevel=3)
 
     def _close_window(self) -> int | None:
         w, self._window = self._window, None

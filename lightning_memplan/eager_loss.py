@@ -19,7 +19,7 @@ measurement, which needs the live autograd graph.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from torch.autograd.graph import GradientEdge
 from . import _compat
 from .measure import PeakWindow
 
-__all__ = ["EagerLoss", "eager_loss_events", "measure_eager_loss"]
+__all__ = ["CallOutputs", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss", "measure_eager_losses"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,11 @@ class EagerLoss:
     backward_peak_bytes: int
     #: The gradients of the outputs it ends with: the compiled backward's incoming gradients.
     output_grad_bytes: int
+    #: Peak of all the eager code from the compiled forward's return to the backward's start (or
+    #: to the next call of the forward) above the bytes live at that return: the loss's own
+    #: forward, metrics updated on the outputs (a confusion matrix), logging. Its tensors that the
+    #: loss keeps are in ``kept_bytes`` too; the rest is transient. 0 when not measured.
+    forward_peak_bytes: int = 0
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:
@@ -58,8 +63,8 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
     ``("fw" | "bw", position, "before" | "after")``) for ``loss`` around position ``last``, the
     step's last compiled region:
 
-    - after its forward: the outputs and the loss's kept tensors, then the outputs that are not
-      kept freed;
+    - after its forward: the outputs and the eager code's peak (``forward_peak_bytes``, at least
+      the loss's kept tensors), then its transients freed, then the outputs that are not kept;
     - before its backward: the loss's backward peak (the outputs' gradients it ends with
       included), then all of it but those gradients freed with the kept tensors;
     - after its backward: the kept outputs freed (taken to live through the whole region's backward).
@@ -70,9 +75,12 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
     """
     a = "activations"
     dropped = loss.outputs_bytes - loss.outputs_kept_bytes
+    transient = max(0, loss.forward_peak_bytes - loss.kept_bytes)
+    forward = [("eager_loss_forward", a, loss.outputs_bytes + loss.kept_bytes + transient)]
+    if transient:
+        forward.append(("eager_forward_transients_freed", a, -transient))
     return {
-        ("fw", last, "after"): [("eager_loss_forward", a, loss.outputs_bytes + loss.kept_bytes),
-                                ("eager_outputs_freed", a, -dropped)],
+        ("fw", last, "after"): [*forward, ("eager_outputs_freed", a, -dropped)],
         ("bw", last, "before"): [("eager_loss_backward", a, loss.backward_peak_bytes),
                                  ("eager_loss_backward_end", a, -loss.backward_peak_bytes - loss.kept_bytes)],
         ("bw", last, "after"): [("eager_outputs_freed_after_backward", a, -loss.outputs_kept_bytes)],
@@ -92,12 +100,147 @@ def _saved_tensors(node: Any) -> Iterable[torch.Tensor]:
         yield from (v for v in values if isinstance(v, torch.Tensor))
 
 
+@dataclass(frozen=True)
+class CallOutputs:
+    """One call of the compiled forward, as seen when it returned (nothing here keeps its outputs
+    alive, except ``alive``, taken just before measuring)."""
+
+    #: Its outputs as gradient edges (``torch.autograd.graph.get_gradient_edge``).
+    edges: Sequence[GradientEdge]
+    #: Bytes of its outputs (every storage once).
+    outputs_bytes: int
+    #: Its output storages still allocated when measuring, ``{storage key: bytes}`` (a freed one's
+    #: key may already name another storage: leave it out).
+    live_outputs: dict[int, int] = field(default_factory=dict)
+    #: Its output tensors still referenced when measuring.
+    alive: Sequence[torch.Tensor] = ()
+    #: Measured peak of the eager code after it (:attr:`EagerLoss.forward_peak_bytes`), in bytes.
+    forward_peak_bytes: int = 0
+
+
+@dataclass
+class NotedOutputs:
+    """A call's outputs noted when it returned (:meth:`of`), holding nothing that keeps them alive:
+    their gradient edges, weak references to their storages (with bytes) and to the tensors. The
+    peak of the eager code after the call is filled in when its window closes."""
+
+    edges: list[GradientEdge]
+    #: ``(StorageWeakRef, bytes)`` per output.
+    storages: list[tuple[Any, int]]
+    refs: list[Any]
+    #: :attr:`EagerLoss.forward_peak_bytes` of this call, in bytes.
+    forward_peak_bytes: int = 0
+
+    @classmethod
+    def of(cls, out: Any) -> NotedOutputs:
+        """Note the tensors in ``out`` (any nesting of tuples, lists and dicts)."""
+        import weakref
+
+        from torch.autograd.graph import get_gradient_edge
+
+        leaves = [t for t in _compat.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return cls(edges=[get_gradient_edge(t) for t in leaves if t.requires_grad],
+                   storages=[(_compat.storage_weakref(t), int(t.untyped_storage().nbytes())) for t in leaves],
+                   refs=[weakref.ref(t) for t in leaves])
+
+    def now(self) -> CallOutputs:
+        """What is left of them now, for :func:`measure_eager_losses`."""
+        return CallOutputs(edges=self.edges, outputs_bytes=sum(n for _, n in self.storages),
+                           # storages still allocated (a freed one's key may already be reused)
+                           live_outputs={ref.cdata: n for ref, n in self.storages if not ref.expired()},
+                           alive=[t for t in (r() for r in self.refs) if t is not None],
+                           forward_peak_bytes=self.forward_peak_bytes)
+
+
+def _reach(root: Any, stops: dict[int, int]) -> tuple[dict[int, Any], dict[int, frozenset[int]]]:
+    """Every autograd node from ``root`` down to the output nodes ``stops`` (node id -> call), and
+    for each the calls whose outputs it reaches. Iterative depth-first (autograd graphs are DAGs)."""
+    nodes: dict[int, Any] = {}
+    reach: dict[int, frozenset[int]] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            below = (reach.get(id(n), frozenset()) for n, _ in node.next_functions if n is not None)
+            reach[key] = frozenset({stops[key]}) if key in stops else frozenset().union(*below)
+            continue
+        if key in nodes:
+            continue
+        nodes[key] = node
+        stack.append((node, True))
+        if key not in stops:
+            stack.extend((n, False) for n, _ in node.next_functions if n is not None)
+    return nodes, reach
+
+
+def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
+                         exclude: Iterable[torch.Tensor] = (),
+                         device: str | torch.device | None = None) -> tuple[EagerLoss, ...]:
+    """Measure the eager code between the compiled forward's calls and the backward on a real
+    step, one :class:`EagerLoss` per call (in call order).
+
+    Call it where the backward is about to start (Lightning's ``on_before_backward``). ``exclude``:
+    tensors whose storages are counted elsewhere (parameters, the batch). The loss's autograd
+    nodes are walked down to the calls' outputs: a node's saved tensors belong to the last call
+    whose outputs it reaches (a term of one call's loss: that call; a term that combines several
+    calls, or none: the last), each storage once. Each call's part of the loss's backward is run
+    once, up to its outputs, with ``retain_graph=True`` (the gradients it makes are dropped;
+    nothing is accumulated into ``.grad``).
+
+    Raises:
+        ValueError: ``calls`` is empty, ``loss`` has no autograd graph, or it reaches no call's outputs.
+    """
+    if not calls:
+        raise ValueError("measure_eager_losses: `calls` is empty; pass one CallOutputs per call of the forward")
+    if loss.grad_fn is None:
+        raise ValueError("measure_eager_loss: the loss has no autograd graph (grad_fn is None)")
+    stops = {id(e.node): c for c, call in enumerate(calls) for e in call.edges}
+    nodes, reach = _reach(loss.grad_fn, stops)
+    if not any(k in nodes for k in stops):
+        raise ValueError("measure_eager_loss: the loss does not depend on the compiled forward's outputs")
+    excluded = {_compat.storage_key(t) for t in exclude}
+    last = len(calls) - 1
+    kept: dict[int, tuple[int, int]] = {}  # storage -> (call, bytes)
+    for key, node in nodes.items():
+        if key in stops:
+            continue
+        owner = max(reach[key], default=last)
+        for t in _saved_tensors(node):
+            s = _compat.storage_key(t)
+            if s not in excluded:
+                kept.setdefault(s, (owner, int(t.untyped_storage().nbytes())))
+    for c, call in enumerate(calls):
+        for t in call.alive:
+            kept.setdefault(_compat.storage_key(t), (c, int(t.untyped_storage().nbytes())))
+    out: list[EagerLoss] = []
+    for c, call in enumerate(calls):
+        mine = {s: b for s, (owner, b) in kept.items() if owner == c}
+        outputs_kept = sum(b for s, b in mine.items() if s in call.live_outputs)
+        edges = [e for e in call.edges if id(e.node) in nodes]
+        grad_bytes = peak = 0
+        if edges:
+            with PeakWindow(device) as window:
+                grads = torch.autograd.grad(loss, edges, retain_graph=True, allow_unused=True)
+            grad_bytes = sum({_compat.storage_key(g): int(g.untyped_storage().nbytes()) for g in grads
+                              if g is not None}.values())
+            peak = int(window.peak_bytes)
+            del grads
+        out.append(EagerLoss(outputs_bytes=int(call.outputs_bytes), outputs_kept_bytes=int(outputs_kept),
+                             kept_bytes=int(sum(mine.values()) - outputs_kept),
+                             backward_peak_bytes=max(peak, grad_bytes), output_grad_bytes=grad_bytes,
+                             forward_peak_bytes=int(call.forward_peak_bytes)))
+    return tuple(out)
+
+
 def measure_eager_loss(loss: torch.Tensor, output_edges: Sequence[GradientEdge], *,
                        outputs_bytes: int, live_outputs: dict[int, int] | None = None,
                        alive_outputs: Sequence[torch.Tensor] = (),
                        exclude: Iterable[torch.Tensor] = (),
-                       device: str | torch.device | None = None) -> EagerLoss:
-    """Measure the eager code between the compiled forward and the backward on a real step.
+                       device: str | torch.device | None = None,
+                       forward_peak_bytes: int = 0) -> EagerLoss:
+    """Measure the eager code between the compiled forward and the backward on a real step, for
+    a step that calls the forward once (:func:`measure_eager_losses` with one call).
 
     Call it where the backward is about to start (Lightning's ``on_before_backward``).
     ``output_edges``: the compiled forward's outputs as gradient edges
@@ -105,7 +248,8 @@ def measure_eager_loss(loss: torch.Tensor, output_edges: Sequence[GradientEdge],
     ``outputs_bytes``: their bytes; ``live_outputs``: the storages of theirs still allocated now,
     ``{storage key: bytes}`` (a freed one's key may already name another storage: leave it out);
     ``alive_outputs``: the output tensors still referenced now; ``exclude``: tensors whose storages
-    are counted elsewhere (parameters, the batch).
+    are counted elsewhere (parameters, the batch); ``forward_peak_bytes``: the eager code's peak
+    after the forward, if measured (:attr:`EagerLoss.forward_peak_bytes`).
 
     Runs the loss's backward once, up to the outputs, with ``retain_graph=True`` (the gradients it
     makes are dropped; nothing is accumulated into ``.grad``).
@@ -113,39 +257,8 @@ def measure_eager_loss(loss: torch.Tensor, output_edges: Sequence[GradientEdge],
     Raises:
         ValueError: ``loss`` has no autograd graph, or it does not reach any output edge.
     """
-    if loss.grad_fn is None:
-        raise ValueError("measure_eager_loss: the loss has no autograd graph (grad_fn is None)")
-    stops = {id(e.node) for e in output_edges}
-    excluded = {_compat.storage_key(t) for t in exclude}
-    seen: set[int] = set()
-    kept: dict[int, int] = {}
-    reached = False
-    stack = [loss.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if id(node) in stops:
-            reached = True
-            continue
-        for t in _saved_tensors(node):
-            key = _compat.storage_key(t)
-            if key not in excluded:
-                kept[key] = int(t.untyped_storage().nbytes())
-        stack.extend(n for n, _ in node.next_functions)
-    if not reached:
-        raise ValueError("measure_eager_loss: the loss does not depend on the compiled forward's outputs")
-    for t in alive_outputs:
-        kept.setdefault(_compat.storage_key(t), int(t.untyped_storage().nbytes()))
-    outputs = live_outputs or {}
-    outputs_kept = sum(b for k, b in kept.items() if k in outputs)
-    edges = [e for e in output_edges if id(e.node) in seen]
-    with PeakWindow(device) as window:
-        grads = torch.autograd.grad(loss, edges, retain_graph=True, allow_unused=True)
-    grad_bytes = sum({_compat.storage_key(g): int(g.untyped_storage().nbytes()) for g in grads
-                      if g is not None}.values())
-    del grads
-    return EagerLoss(outputs_bytes=int(outputs_bytes), outputs_kept_bytes=int(outputs_kept),
-                     kept_bytes=int(sum(kept.values()) - outputs_kept),
-                     backward_peak_bytes=max(int(window.peak_bytes), grad_bytes), output_grad_bytes=grad_bytes)
+    call = CallOutputs(edges=tuple(output_edges), outputs_bytes=int(outputs_bytes),
+                       live_outputs=dict(live_outputs or {}), alive=tuple(alive_outputs),
+                       forward_peak_bytes=int(forward_peak_bytes))
+    (measured,) = measure_eager_losses(loss, [call], exclude=exclude, device=device)
+    return measured

@@ -183,12 +183,15 @@ class Forecast:
     #: What the CUDA caching allocator reports for this step (:mod:`lightning_memplan.allocations`),
     #: when the parameters are on CUDA; ``None`` otherwise.
     cuda_allocator: AllocatorForecast | None = None
-    #: The eager loss laid in by :meth:`with_eager_loss` (bytes measured on a real step); ``None``
-    #: when the loss was forecast inside the compiled graph (``loss_fn``) or not laid in.
-    eager_loss: EagerLoss | None = None
+    #: The eager losses laid in by :meth:`with_eager_loss` (bytes measured on a real step), one per
+    #: call of the model; empty when the loss was forecast inside the compiled graph (``loss_fn``)
+    #: or none was laid in.
+    eager_losses: tuple[EagerLoss, ...] = ()
     _step: Callable[[], torch.Tensor] = field(repr=False, compare=False)
     #: Calls of the model per step the timeline is laid out for (:meth:`repeated`).
     _calls: int = field(default=1, repr=False, compare=False)
+    #: Bytes of the fresh inputs of each call after the first (:meth:`repeated`).
+    _extra: tuple[int, ...] = field(default=(), repr=False, compare=False)
     _backend: MemplanBackend = field(repr=False, compare=False)
     #: What the timeline was laid out from: (per-region plans, executions, optimizer memory, FSDP
     #: overlay).
@@ -229,60 +232,80 @@ class Forecast:
                              f"{calls - 1} of them (one per call after the first).")
         if calls == 1 or not self._parts or self.peak_bytes is None or self.breakdown is None:
             return self
+        return self._laid_out(calls, tuple(extra), ())
+
+    def with_eager_loss(self, loss: EagerLoss | Sequence[EagerLoss]) -> Forecast:
+        """This forecast with the eager code between the forward and the backward laid in (the
+        loss ``training_step`` computes on the outputs, metrics, logging; measured once:
+        :func:`~lightning_memplan.eager_loss.measure_eager_losses`) around the end of each call
+        (:func:`~lightning_memplan.eager_loss.eager_loss_events`); the outputs' gradients live in
+        the call's last region's backward until its last read of its incoming gradient (FX plans;
+        under inductor the stand-in loss's realized gradient already holds those bytes).
+        ``loss``: one :class:`~lightning_memplan.eager_loss.EagerLoss`, or one per call when the
+        forecast is laid out for several (:meth:`repeated`). The timeline, peak and breakdown are
+        laid out again (nothing is compiled); the allocation stream and the CUDA allocator model
+        are not (``None``; on CUDA the peak is the requested one).
+
+        Raises:
+            ValueError: not one measurement per call.
+        """
+        losses = (loss,) if isinstance(loss, EagerLoss) else tuple(loss)
+        if len(losses) != self._calls or not all(isinstance(m, EagerLoss) for m in losses):
+            raise ValueError(f"`Forecast.with_eager_loss(loss={loss!r})` must be one EagerLoss per call of the "
+                             f"model: this forecast is laid out for {self._calls}.")
+        if not self._parts or self.peak_bytes is None or self.breakdown is None:
+            return self
+        return self._laid_out(self._calls, self._extra, losses)
+
+    @property
+    def eager_loss(self) -> EagerLoss | None:
+        """The eager loss laid in (:meth:`with_eager_loss`) when the step calls the model once;
+        ``None`` when none was laid in (the loss was forecast inside the compiled graph: ``loss_fn``)
+        or there are several calls (:attr:`eager_losses`)."""
+        return self.eager_losses[0] if len(self.eager_losses) == 1 else None
+
+    def _laid_out(self, calls: int, extra: tuple[int, ...], losses: tuple[EagerLoss, ...]) -> Forecast:
+        """The timeline laid out again from the compiled plans for ``calls`` calls per step
+        (``extra``: fresh input bytes of each later call) with ``losses`` (none, or one per call)
+        laid in (see :meth:`repeated`, :meth:`with_eager_loss`)."""
+        assert self.breakdown is not None
         plans, executions, opt, overlay = self._parts
         one = _executed(list(plans), executions)
         n = len(one)
         seq = one * calls
-        ends = frozenset(n * (c + 1) - 1 for c in range(calls))
+        ends = [n * (c + 1) - 1 for c in range(calls)]
         acc = [p.param_gradients if j < n * (calls - 1) else 0 for j, p in enumerate(seq)]
         fresh = [extra[j // n - 1] if j % n == 0 and j >= n else 0 for j in range(len(seq))]
-        timeline, peak, (acts, grads, temps, fsdp) = _layout(seq, opt, ends=ends, accumulate=acc, inputs=fresh)
-        problems = self.problems
-        if self.cuda_allocator is not None:
-            problems += (f"{calls} calls per step: the CUDA allocator model was not run (requested bytes)",)
-        if overlay:
-            problems += (f"{calls} calls per step: FSDP's buffers are not laid out for several calls",)
+        events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in (overlay or {}).items()} if calls == 1 else {}
+        hold: dict[int, int] = {}
+        for end, loss in zip(ends, losses):
+            for point, evs in eager_loss_events(loss, end).items():
+                events.setdefault(point, []).extend(evs)
+            # Under inductor the stand-in loss's gradient, broadcast to the outputs' shape, is
+            # realized as a buffer of their size wherever a matmul reads it, until its last read:
+            # it already stands in for the real gradients there. In an FX graph it stays a view
+            # of the scalar.
+            hold[end] = loss.output_grad_bytes if seq[end].method == "fx" else 0
+        timeline, peak, (acts, grads, temps, fsdp) = _layout(seq, opt, ends=frozenset(ends), accumulate=acc,
+                                                             inputs=fresh, overlay=events, bw_hold=hold)
+        notes = []
+        if calls > 1 and self.cuda_allocator is not None:
+            notes.append(f"{calls} calls per step: the CUDA allocator model was not run (requested bytes)")
+        if calls > 1 and overlay:
+            notes.append(f"{calls} calls per step: FSDP's buffers are not laid out for several calls")
+        if losses:
+            notes.append("the eager code between the forward and the backward (the loss on the outputs) is laid in "
+                         "from one measured step")
+        per_call = max(1, self._calls)
         return dataclasses.replace(
             self, peak_bytes=peak, requested_peak_bytes=peak, timeline=tuple(timeline),
             breakdown=dataclasses.replace(self.breakdown, activations=acts, gradients=grads,
                                           optimizer_temporaries=temps, fsdp_buffers=fsdp),
-            regions=tuple(dataclasses.replace(r, calls=r.calls * calls) for r in self.regions),
-            allocations=None, cuda_allocator=None, problems=problems, _calls=calls, eager_loss=None)
-
-    def with_eager_loss(self, loss: EagerLoss) -> Forecast:
-        """This forecast with the eager code between the forward and the backward laid in (the
-        loss ``training_step`` computes on the outputs, measured once:
-        :func:`~lightning_memplan.eager_loss.measure_eager_loss`) around the step's last compiled
-        region (:func:`~lightning_memplan.eager_loss.eager_loss_events`); the outputs' gradients
-        live in that region's backward until its last read of its incoming gradient (FX plans;
-        under inductor the stand-in loss's realized gradient already holds those bytes). The
-        timeline, peak and breakdown are laid out again (nothing is compiled); the allocation stream and the CUDA
-        allocator model are not (``None``; on CUDA the peak is the requested one). A forecast
-        already laid out for several calls (:meth:`repeated`) is returned as it is, with a problem.
-        """
-        if not self._parts or self.peak_bytes is None or self.breakdown is None:
-            return self
-        if self._calls > 1:
-            return dataclasses.replace(self, problems=self.problems + (
-                f"{self._calls} calls per step: the eager loss is not laid in",))
-        plans, executions, opt, overlay = self._parts
-        run = _executed(list(plans), executions)
-        events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in (overlay or {}).items()}
-        last = len(run) - 1
-        for point, evs in eager_loss_events(loss, last).items():
-            events.setdefault(point, []).extend(evs)
-        # Under inductor the stand-in loss's gradient, broadcast to the outputs' shape, is realized
-        # as a buffer of their size wherever a matmul reads it, until its last read: it already
-        # stands in for the real gradients there. In an FX graph it stays a view of the scalar.
-        hold = loss.output_grad_bytes if run[last].method == "fx" else 0
-        timeline, peak, (acts, grads, temps, fsdp) = _layout(run, opt, overlay=events, bw_hold={last: hold})
-        problems = self.problems + ("the eager code between the forward and the backward (the loss on the "
-                                    "outputs) is laid in from one measured step",)
-        return dataclasses.replace(
-            self, peak_bytes=peak, requested_peak_bytes=peak, timeline=tuple(timeline),
-            breakdown=dataclasses.replace(self.breakdown, activations=acts, gradients=grads,
-                                          optimizer_temporaries=temps, fsdp_buffers=fsdp),
-            allocations=None, cuda_allocator=None, problems=problems, eager_loss=loss)
+            regions=tuple(dataclasses.replace(r, calls=r.calls // per_call * calls) for r in self.regions),
+            allocations=None if calls > 1 or losses else self.allocations,
+            cuda_allocator=None if calls > 1 or losses else self.cuda_allocator,
+            problems=self.problems + tuple(m for m in notes if m not in self.problems),
+            _calls=calls, _extra=extra, eager_losses=losses)
 
     def _detached(self) -> Forecast:
         """This forecast without its compiled step, backend and graphs: plain data that

@@ -316,12 +316,12 @@ def rejudge_plan(
     *,
     calls: int,
     new_input_bytes: int | Sequence[int] = 0,
-    eager_loss: EagerLoss | None = None,
+    eager_loss: EagerLoss | Sequence[EagerLoss] | None = None,
     loop: TrainingLoop = TrainingLoop(),
 ) -> MemPlan:
     """``plan``'s candidates judged again for a training step that calls the model ``calls`` times
-    (``Forecast.repeated``; ``new_input_bytes`` as it takes them), or, with one call, with the
-    measured ``eager_loss`` laid in (``Forecast.with_eager_loss``), and chosen again, as
+    (``Forecast.repeated``; ``new_input_bytes`` as it takes them) with the measured ``eager_loss``
+    (one per call) laid in (``Forecast.with_eager_loss``), and chosen again, as
     :func:`decide_plan` chooses; nothing is compiled. ``grads``: gradient bytes live when a step
     starts (see :func:`lightning_step_memory`). When nothing fits ``max_memory``, the smallest plan
     (as :func:`decide_plan`, without a warning: the caller reports it).
@@ -330,17 +330,57 @@ def rejudge_plan(
         ValueError: ``forecasts`` does not match ``plan.candidates``.
     """
     def judge(fc: Any) -> tuple[int, int | None]:
-        if calls > 1:
-            return lightning_step_memory(fc.repeated(calls, new_input_bytes), grads, loop)
-        return lightning_step_memory(fc.with_eager_loss(eager_loss) if eager_loss is not None else fc, grads, loop)
+        laid = fc.repeated(calls, new_input_bytes) if calls > 1 else fc
+        return lightning_step_memory(laid.with_eager_loss(eager_loss) if eager_loss else laid, grads, loop)
 
     try:
         new = rejudge(plan, forecasts, judge, max_memory=settings.max_memory, solver=settings.solver)
     except PlanDoesNotFit as exc:
         new = exc.plan
-    how = (f"judged on {calls} forward calls per step" if calls > 1 or eager_loss is None
-           else "judged with the loss on the outputs measured on the first batch")
+    how = ", ".join(([f"judged on {calls} forward calls per step"] if calls > 1 or not eager_loss else [])
+                    + (["judged with the loss on the outputs measured on the first batch"] if eager_loss else []))
     return dataclasses.replace(new, backend=settings.backend, reason=f"{new.reason}, {how}")
+
+
+def input_storages(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[int, int]:
+    """``{storage key: bytes}`` of the tensors among a call's arguments (no reference kept)."""
+    from ._compat import storage_key, tree_leaves
+
+    leaves = [t for t in tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
+    return {storage_key(t): int(t.untyped_storage().nbytes()) for t in leaves}
+
+
+def fresh_input_bytes(call_inputs: Sequence[dict[int, int]], calls: int) -> list[int] | int:
+    """Bytes of the inputs each call after the first got that no earlier call had (another view
+    of the batch), from :func:`input_storages` of each call; 0 when they were not recorded for
+    every call."""
+    seen: dict[int, int] = {}
+    fresh = []
+    for i, storages in enumerate(call_inputs[:calls]):
+        if i:
+            fresh.append(sum(n for k, n in storages.items() if k not in seen))
+        seen.update(storages)
+    return fresh if len(fresh) == calls - 1 else 0
+
+
+def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | Sequence[int] = 0,
+                 eager_losses: Sequence[EagerLoss] = (),
+                 loop: TrainingLoop = TrainingLoop()) -> tuple[MemPlan, Any]:
+    """``plan`` and its forecast ``fc`` laid out for the step the first batch showed (nothing is
+    compiled): ``calls`` calls of the forward per step (``Forecast.repeated``, ``new_input_bytes``
+    as it takes them) and the eager code between the forward and the backward (``eager_losses``,
+    one per call; ``Forecast.with_eager_loss``). The plan's prediction, baseline and activations
+    are those of the Lightning step ``loop`` runs (:func:`lightning_step_memory`). Returns them
+    unchanged when there is nothing to lay out or no forecast. Raises what the layout raises."""
+    if (calls <= 1 and not eager_losses) or fc is None or fc.peak_bytes is None:
+        return plan, fc
+    if calls > 1:
+        fc = fc.repeated(calls, new_input_bytes=new_input_bytes)
+    if eager_losses:
+        fc = fc.with_eager_loss(tuple(eager_losses))
+    baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), loop)
+    breakdown = {**plan.breakdown, "activations": fc.breakdown.activations} if fc.breakdown else plan.breakdown
+    return dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline, breakdown=breakdown), fc
 
 
 def forecast_plan(

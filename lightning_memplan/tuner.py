@@ -1,22 +1,29 @@
 """Plan before a long run, in the spirit of Lightning's ``Tuner.lr_find``: one batch, no training.
 
-``plan = plan_memory(trainer, model, datamodule=dm)`` forecasts the candidate plans on the real
-compiled graphs of ``model`` with the first training batch, returns the chosen
+``plan = plan_memory(trainer, model, datamodule=dm)`` runs ``training_step`` once on the first
+training batch (the forward without autograd, to see how many times the step calls it and to
+measure the eager code after it: the loss on the outputs, metrics), forecasts the candidate plans on the real
+compiled graphs of ``model`` with that batch, returns the chosen
 :class:`~lightning_memplan.plan.MemPlan` (``plan.save("plan.json")``), and leaves the model, the
 trainer and torch's settings as they were. ``MemPlanCallback(plan="plan.json")`` then trains with
 it without searching again.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.utilities import move_data_to_device
+from lightning.pytorch.utilities import move_data_to_device, rank_zero_info
 from torch import nn
 
+from . import _compat
 from .checkpointing import CheckpointPolicy, checkpointed
+from .eager_loss import EagerLoss, NotedOutputs, measure_eager_losses
+from .measure import PeakWindow
 from .plan import MemPlan
 from .planner import (
     PlanSettings,
@@ -24,6 +31,11 @@ from .planner import (
     check_submodule,
     decide_plan,
     forecast_plan,
+    fresh_input_bytes,
+    grad_bytes,
+    input_storages,
+    lay_out_step,
+    rejudge_plan,
     resolve_submodule,
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
@@ -78,6 +90,122 @@ def _forward_arguments(model: LightningModule, batch: Any, target: nn.Module | N
     return captured["call"]
 
 
+@dataclass
+class _ProbedStep:
+    """What one run of ``training_step`` showed, for the plan (see :func:`_probe_step`)."""
+
+    #: The arguments of the first call of the planned forward.
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    #: Calls of the planned forward in the step.
+    calls: int
+    #: Bytes of the fresh inputs of each call after the first (``Forecast.repeated``).
+    fresh: list[int] | int
+    #: The eager code between the forward and the backward, one per call (empty: not measured).
+    eager_losses: tuple[EagerLoss, ...]
+
+
+def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: torch.device) -> _ProbedStep | None:
+    """Run ``training_step`` once as ``fit`` would, but with the planned forward run without
+    autograd and its floating-point outputs made leaves that require grad: the loss and whatever
+    else runs on the outputs build their autograd graph as in training, and are measured as the
+    callback measures them on its first batch (:func:`~lightning_memplan.eager_loss.measure_eager_losses`),
+    without the forward's activations. ``self.log`` does nothing meanwhile; metric modules are
+    put back as they were. ``None`` when the step does not run like that (manual optimization,
+    a step that needs the Trainer, no loss returned, no call of the forward)."""
+    if not model.automatic_optimization:
+        return None
+    original = target.forward
+    noted: list[NotedOutputs] = []
+    inputs: list[dict[int, int]] = []
+    first: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    window: list[PeakWindow] = []
+
+    def close() -> None:
+        if window:
+            w = window.pop()
+            w.__exit__(None, None, None)
+            noted[-1].forward_peak_bytes = int(w.peak_bytes)
+
+    def leaf(t: Any) -> Any:
+        return t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    def probe(*args: Any, **kwargs: Any) -> Any:
+        close()
+        if not first:
+            first.append((args, kwargs))
+        inputs.append(input_storages(args, kwargs))
+        with torch.no_grad():
+            out = _compat.tree_map(leaf, original(*args, **kwargs))
+        noted.append(NotedOutputs.of(out))
+        window.append(PeakWindow(device))
+        window[-1].__enter__()
+        return out
+
+    metrics = _metric_states(model)
+    patched = [(target, "forward", probe), (model, "log", _no_log), (model, "log_dict", _no_log)]
+    saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in patched]
+    for obj, name, fn in patched:
+        setattr(obj, name, fn)
+    try:
+        with torch.enable_grad():
+            result = model.training_step(batch, 0)
+        close()
+        loss = result.get("loss") if isinstance(result, dict) else result
+        if not first or not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not any(n.edges for n in noted):
+            return None
+        params_and_batch = [*model.parameters(), *(t for t in _compat.tree_leaves(batch) if isinstance(t, torch.Tensor))]
+        # a leaf is held by its AccumulateGrad node, so every output looks alive here: only those
+        # training_step returned stay alive in fit (the loss's saved ones are found by the walk)
+        returned = {id(t) for t in _compat.tree_leaves(result) if isinstance(t, torch.Tensor)}
+        calls = [dataclasses.replace(c, alive=[t for t in c.alive if id(t) in returned])
+                 for c in (n.now() for n in noted)]
+        losses = measure_eager_losses(loss, calls, exclude=params_and_batch, device=device)
+        return _ProbedStep(args=first[0][0], kwargs=first[0][1], calls=len(noted),
+                           fresh=fresh_input_bytes(inputs, len(noted)), eager_losses=losses)
+    except Exception as exc:  # noqa: BLE001 - planned without it
+        rank_zero_info(f"plan_memory: running training_step once to measure the loss on the outputs failed "
+                       f"({exc!r}); planning the compiled forward alone.")
+        return None
+    finally:
+        while window:
+            window.pop().__exit__(None, None, None)
+        for obj, name, value in saved:
+            if value is _MISSING:
+                obj.__dict__.pop(name, None)
+            else:
+                setattr(obj, name, value)
+        _restore_metric_states(metrics)
+
+
+_MISSING = object()
+
+
+def _no_log(*args: Any, **kwargs: Any) -> None:
+    """``self.log`` while the probe runs: nothing is logged outside ``fit``."""
+
+
+def _metric_states(model: nn.Module) -> list[tuple[Any, dict[str, Any]]]:
+    """Copies of the state of every torchmetrics ``Metric`` in ``model`` (its ``_defaults`` names,
+    update count and cached result), for :func:`_restore_metric_states`."""
+    import copy
+
+    out = []
+    for m in model.modules():
+        names = getattr(m, "_defaults", None)
+        if isinstance(names, dict) and hasattr(m, "_update_count"):
+            state = {n: copy.deepcopy(getattr(m, n)) for n in names}
+            state.update(_update_count=m._update_count, _computed=copy.deepcopy(getattr(m, "_computed", None)))
+            out.append((m, state))
+    return out
+
+
+def _restore_metric_states(saved: list[tuple[Any, dict[str, Any]]]) -> None:
+    for m, state in saved:
+        for n, v in state.items():
+            setattr(m, n, v)
+
+
 def plan_memory(
     trainer: Trainer,
     model: LightningModule,
@@ -108,6 +236,14 @@ def plan_memory(
     ``"-true"`` precisions convert the module's parameters only when ``fit`` starts; for those the
     plan is forecast in the module's current dtype (the callback forecasts it again in training).
 
+    ``training_step`` runs once first, with the planned forward run without autograd (its
+    floating-point outputs made leaves that require grad), ``self.log`` silenced and torchmetrics
+    metrics put back afterwards: the calls of the forward per step and the eager code between the
+    forward and the backward (the loss on the outputs, metrics; measured as the callback measures
+    it on its first batch) are laid into every candidate's forecast. Under manual optimization, or
+    when that run fails (a step that needs the Trainer), the compiled forward is planned alone, as
+    the callback then plans it until its first batch has run.
+
     Raises:
         ValueError: a bad argument (before anything runs).
         RuntimeError: ``training_step`` does not call ``self(...)``, or no candidate could be forecast.
@@ -134,17 +270,25 @@ def plan_memory(
         model.to(device)
         model.train()
         batch = move_data_to_device(batch, device)
-        args, kwargs = _forward_arguments(model, batch, target, call)
         optimizer = _first_optimizer(model.configure_optimizers())
         forward = target.forward
         loop = TrainingLoop.of(trainer, model)
         # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
         with trainer.strategy.precision_plugin.train_step_context():
+            step = _probe_step(model, batch, target, device)
+            args, kwargs = (step.args, step.kwargs) if step else _forward_arguments(model, batch, target, call)
+            kept: list[Any] = []
             plan = decide_plan(settings, target, forward, args, kwargs, optimizer, call="plan_memory",
-                               loop=loop)
+                               loop=loop, kept=kept)
+            if step is not None and (step.calls > 1 or step.eager_losses) and plan.candidates:
+                plan = rejudge_plan(settings, plan, kept, grad_bytes(target), calls=step.calls,
+                                    new_input_bytes=step.fresh, eager_loss=step.eager_losses, loop=loop)
             with checkpointed(target, plan.checkpoint):
-                plan, _ = forecast_plan(settings, plan, target, forward, args, kwargs, optimizer,
-                                        loop=loop)
+                plan, fc = forecast_plan(settings, plan, target, forward, args, kwargs, optimizer,
+                                         loop=loop)
+            if step is not None:
+                plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
+                                       eager_losses=step.eager_losses, loop=loop)
     finally:
         model.to(home)
         model.train(was_training)

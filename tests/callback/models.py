@@ -64,3 +64,64 @@ class Wrapper(LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         return self.model.train_dataloader()
+
+
+class WideHead(TinyNet):
+    """A classifier over many classes, its loss computed in training_step (eager): cross_entropy
+    keeps a log-softmax as large as the logits, and its backward makes two more."""
+
+    def __init__(self, classes: int = 4000) -> None:
+        super().__init__(width=32, batch=128, batches=3)
+        self.head = torch.nn.Linear(32, classes)
+        self._classes = classes
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), (y[:, 0].abs() * 997).long() % self._classes)
+
+
+class WideHeadAccuracy(WideHead):
+    """The common torchmetrics pattern: accuracy updated on the logits in training_step. Its
+    update counts (target, prediction) pairs with a bincount of classes**2 int64 bins: 8 MB for
+    1,000 classes, made and freed between the forward and the backward."""
+
+    def __init__(self) -> None:
+        super().__init__(classes=1000)
+        from torchmetrics.classification import MulticlassAccuracy
+
+        self.acc = MulticlassAccuracy(num_classes=1000)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        target = (y[:, 0].abs() * 997).long() % self._classes
+        logits = self(x)
+        self.acc(logits, target)
+        self.log("train_acc", self.acc)
+        return torch.nn.functional.cross_entropy(logits, target)
+
+
+class WideHeadManual(WideHead):
+    """WideHead with manual optimization: ``manual_backward`` inside training_step, the logits
+    still referenced there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+class WideHeadTwoViews(WideHead):
+    """Two calls of the forward per step (the batch and its flip), each with its own cross_entropy."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        target = (y[:, 0].abs() * 997).long() % self._classes
+        ce = torch.nn.functional.cross_entropy
+        return ce(self(x), target) + ce(self(x.flip(0)), target)

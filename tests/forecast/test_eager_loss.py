@@ -79,9 +79,15 @@ def test_events_and_the_forecast_laid_out_with_them() -> None:
     assert {"eager_loss_forward", "eager_loss_backward"} <= {t.node for t in laid.timeline}
     # the timeline ends where the plain one ends: everything the loss made is freed
     assert laid.timeline[-1].bytes == fc.timeline[-1].bytes
-    # several calls per step: not laid in, said so
-    two = fc.repeated(2).with_eager_loss(big)
-    assert two.peak_bytes == fc.repeated(2).peak_bytes and "the eager loss is not laid in" in two.problems[-1]
+    # several calls per step: one measurement per call, each laid in around its own call's end
+    with pytest.raises(ValueError, match=r"must be one EagerLoss per call of the model: this forecast is laid out for 2"):
+        fc.repeated(2).with_eager_loss(big)
+    two = fc.repeated(2).with_eager_loss([big, big])
+    assert two.eager_losses == (big, big) and two.eager_loss is None
+    assert [t.node for t in two.timeline].count("eager_loss_forward") == 2
+    # the second call's loss backward peaks on both calls' saved activations, the first call's
+    # kept megabyte, its own kept megabyte and its 3 MB
+    assert two.peak_bytes == 2 * plan.fw_retained + 5 * 10**6
 
 
 def test_the_outputs_gradients_die_at_the_backwards_last_read_of_its_incoming_gradient() -> None:
