@@ -2,13 +2,22 @@
 
 A small language model (embedding, 2 transformer encoder layers d=128 with dropout, a linear head
 over the vocabulary; batch 16 x 64 tokens, SGD with momentum) computes ``F.cross_entropy`` on its
-logits in ``training_step``, outside the compiled forward. For each vocabulary size and backend one
-``Trainer.fit`` of 2 epochs (CPU, budget 0.5) reports the prediction error of the last epoch. The
-named peer is the same fit with the eager-loss measurement switched off: the forecast of the compiled
-graphs alone, as it was before the loss was measured (``lightning_memplan.eager_loss``).
+logits in ``training_step``, outside the compiled forward. Four kinds of step:
 
-    python benchmarks/eager_loss.py                       # aot_eager, vocabularies 500, 8000, 32000
-    python benchmarks/eager_loss.py --backends aot_eager inductor
+- ``loss``: the loss alone;
+- ``metric``: also a torchmetrics ``MulticlassAccuracy`` updated on the logits (its update makes a
+  bincount of vocabulary**2 int64 bins between the forward and the backward);
+- ``manual``: manual optimization (``zero_grad``, ``manual_backward``, ``step`` in training_step);
+- ``two_calls``: the forward called twice per step (the sequence and the sequence shifted by one
+  token), each call with its own loss.
+
+For each kind, vocabulary size and backend one ``Trainer.fit`` of 2 epochs (CPU, budget 0.5)
+reports the prediction error of the last epoch. The named peer is the same fit with the eager-code
+measurement switched off: the forecast of the compiled graphs alone, as it was before the eager
+code was measured (``lightning_memplan.eager_loss``).
+
+    python benchmarks/eager_loss.py                       # aot_eager, vocabularies 500, 8000, every kind
+    python benchmarks/eager_loss.py --vocabs 8000 32000 --steps loss --backends aot_eager inductor
 """
 from __future__ import annotations
 
@@ -36,13 +45,20 @@ import lightning_memplan.callback as callback_mod  # noqa: E402
 from lightning_memplan import MemPlanCallback  # noqa: E402
 
 MiB = 2**20
+STEPS = ("loss", "metric", "manual", "two_calls")
 
 
 class LM(LightningModule):
     """Next-token prediction; the loss on the logits is computed eagerly in training_step."""
 
-    def __init__(self, vocab: int, d: int = 128, seq: int = 64, batch: int = 16) -> None:
+    def __init__(self, vocab: int, step: str = "loss", d: int = 128, seq: int = 64, batch: int = 16) -> None:
         super().__init__()
+        self.step = step
+        self.automatic_optimization = step != "manual"
+        if step == "metric":
+            from torchmetrics.classification import MulticlassAccuracy
+
+            self.acc = MulticlassAccuracy(num_classes=vocab)
         self.emb = nn.Embedding(vocab, d)
         layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True)
         self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
@@ -52,10 +68,25 @@ class LM(LightningModule):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.out(self.enc(self.emb(ids)))
 
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(inputs).reshape(-1, self.vocab)
+        if self.step == "metric":
+            self.acc(logits, targets.reshape(-1))
+            self.log("train_acc", self.acc)
+        return nn.functional.cross_entropy(logits, targets.reshape(-1))
+
     def training_step(self, batch: tuple[torch.Tensor], batch_idx: int) -> torch.Tensor:
         (ids,) = batch
-        logits = self(ids[:, :-1])
-        return nn.functional.cross_entropy(logits.reshape(-1, self.vocab), ids[:, 1:].reshape(-1))
+        if self.step == "two_calls":
+            return self._loss(ids[:, :-1], ids[:, 1:]) + self._loss(ids[:, 1:], ids[:, :-1])
+        if self.step != "manual":
+            return self._loss(ids[:, :-1], ids[:, 1:])
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self._loss(ids[:, :-1], ids[:, 1:])
+        self.manual_backward(loss)
+        opt.step()
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
@@ -68,20 +99,20 @@ class LM(LightningModule):
 
 @contextlib.contextmanager
 def _unmeasured() -> Iterator[None]:
-    """The peer: the callback as it was before the eager loss was measured."""
-    original = callback_mod.measure_eager_loss
+    """The peer: the callback as it was before the eager code was measured."""
+    original = callback_mod.measure_eager_losses
 
     def off(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("eager-loss measurement switched off (peer)")
 
-    callback_mod.measure_eager_loss = off  # type: ignore[assignment]
+    callback_mod.measure_eager_losses = off  # type: ignore[assignment]
     try:
         yield
     finally:
-        callback_mod.measure_eager_loss = original  # type: ignore[assignment]
+        callback_mod.measure_eager_losses = original  # type: ignore[assignment]
 
 
-def fit(vocab: int, backend: str, measured_loss: bool) -> dict[str, float]:
+def fit(vocab: int, step: str, backend: str, measured_loss: bool) -> dict[str, float]:
     """One fit; the last logged epoch's predicted and measured peaks (bytes above the baseline)."""
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -90,7 +121,7 @@ def fit(vocab: int, backend: str, measured_loss: bool) -> dict[str, float]:
         trainer = Trainer(max_epochs=2, callbacks=[cb], logger=CSVLogger(tmp), enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
         with contextlib.nullcontext() if measured_loss else _unmeasured():
-            trainer.fit(LM(vocab))
+            trainer.fit(LM(vocab, step))
         rows = [r for r in csv.DictReader(open(Path(trainer.logger.log_dir) / "metrics.csv"))
                 if r.get("memplan/budget")]
     last = rows[-1]
@@ -98,23 +129,29 @@ def fit(vocab: int, backend: str, measured_loss: bool) -> dict[str, float]:
             "measured": float(last["memplan/measured_peak_bytes"])}
 
 
+def _row(vocab: int, step: str, backend: str) -> list[Any]:
+    ours = fit(vocab, step, backend, measured_loss=True)
+    peer = fit(vocab, step, backend, measured_loss=False)
+    logits = 16 * 64 * vocab * 4
+    return [step, vocab, backend, f"{logits / MiB:.2f}", f"{ours['measured'] / MiB:.2f}",
+            f"{ours['predicted'] / MiB:.2f}", f"{ours['predicted'] / ours['measured'] - 1:+.2%}",
+            f"{peer['predicted'] / MiB:.2f}", f"{peer['predicted'] / peer['measured'] - 1:+.2%}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocabs", type=int, nargs="+", default=[500, 8000, 32000])
+    ap.add_argument("--vocabs", type=int, nargs="+", default=[500, 8000])
+    ap.add_argument("--steps", nargs="+", default=list(STEPS), choices=list(STEPS))
     ap.add_argument("--backends", nargs="+", default=["aot_eager"], choices=["aot_eager", "inductor"])
     args = ap.parse_args(argv)
     rows = []
     for backend in args.backends:
-        for vocab in args.vocabs:
-            ours = fit(vocab, backend, measured_loss=True)
-            peer = fit(vocab, backend, measured_loss=False)
-            logits = 16 * 64 * vocab * 4
-            rows.append([vocab, backend, f"{logits / MiB:.2f}", f"{ours['measured'] / MiB:.2f}",
-                         f"{ours['predicted'] / MiB:.2f}", f"{ours['predicted'] / ours['measured'] - 1:+.2%}",
-                         f"{peer['predicted'] / MiB:.2f}", f"{peer['predicted'] / peer['measured'] - 1:+.2%}"])
-            print(rows[-1], flush=True)
-    print(tabulate(rows, headers=["vocab", "backend", "logits MiB", "measured MiB", "predicted MiB", "error",
-                                  "peer: without the loss MiB", "peer error"], tablefmt="github"))
+        for step in args.steps:
+            for vocab in args.vocabs:
+                rows.append(_row(vocab, step, backend))
+                print(rows[-1], flush=True)
+    print(tabulate(rows, headers=["step", "vocab", "backend", "logits MiB", "measured MiB", "predicted MiB", "error",
+                                  "peer: compiled graphs alone MiB", "peer error"], tablefmt="github"))
     return 0
 
 

@@ -43,10 +43,12 @@ from .planner import (
     input_storages,
     lay_out_step,
     lightning_step_timeline,
+    made_input_bytes,
     live_grad_bytes,
     plan_solver,
     rejudge_plan,
     resolve_submodule,
+    storage_keys,
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, replan_candidate
 from .strategy import decide_on_rank_zero, forward_has_collectives, max_over_ranks
@@ -234,6 +236,9 @@ class MemPlanCallback(Callback):
         #: that many calls after the first batch).
         self.forward_calls_per_step = 0
         self._call_inputs: list[dict[int, int]] = []  # per call of the first batch: storage -> bytes
+        self._before_step: set[int] = set()  # storages live before a step: the batch, parameters, buffers
+        #: Bytes of the first call's inputs that training_step made (not in the batch: ``x.float() / 255``).
+        self._made_inputs = 0
         #: This rank's search's candidate forecasts (plain data), kept through the first batch to
         #: judge the candidates again when training_step calls the forward several times.
         self._kept_forecasts: tuple[Any, ...] = ()
@@ -593,6 +598,9 @@ class MemPlanCallback(Callback):
                 MemPlanWarning, stacklevel=2)
         if self._fit_batches == 1:
             self._close_eager_window()  # no backward ran in this batch
+            if self._module is not None:
+                self._before_step = storage_keys(self._first_batch, self._module)
+                self._made_inputs = made_input_bytes(self._call_inputs, self._before_step)
             self._first_batch = self._outputs = None
             if self.plan is not None and self.forward_calls_per_step >= 1:
                 self._rejudge(self.forward_calls_per_step)  # every rank: rank 0 decides with its measurement
@@ -618,7 +626,7 @@ class MemPlanCallback(Callback):
     def _fresh_input_bytes(self, calls: int) -> list[int] | int:
         """Bytes of the inputs each call after the first got that no earlier call had (another view
         of the batch), from the first batch; 0 when they were not recorded for every call."""
-        return fresh_input_bytes(self._call_inputs, calls)
+        return fresh_input_bytes(self._call_inputs, calls, self._before_step)
 
     def _rejudge(self, calls: int) -> None:
         """The search chose the plan at the first forward call, before the first batch showed how
@@ -630,16 +638,18 @@ class MemPlanCallback(Callback):
         if plan is None or not plan.candidates or self._example is None:
             return  # the same on every rank: nothing was searched in this fit (a fixed, given or resumed plan)
         assert module is not None
+        made = self._made_inputs
         what = " and ".join(
             ([f"on {calls} forward calls per step"] if calls > 1 else [])
+            + (["with the inputs training_step makes"] if made else [])
             + (["with the loss on the outputs measured"] if self.eager_losses else [])) or "again"
 
         def decide() -> MemPlan:
-            if (calls == 1 and not self.eager_losses) or not self._kept_forecasts:
+            if (calls == 1 and not self.eager_losses and not made) or not self._kept_forecasts:
                 return plan  # nothing new to judge by: the plan stands
             return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=calls,
                                 new_input_bytes=self._fresh_input_bytes(calls),
-                                eager_loss=self.eager_losses or None, loop=self._loop())
+                                eager_loss=self.eager_losses or None, made_input_bytes=made, loop=self._loop())
 
         try:
             lockstep = forward_has_collectives(module)
@@ -665,9 +675,9 @@ class MemPlanCallback(Callback):
         (:meth:`~lightning_memplan.forecasting.Forecast.repeated`), and the eager code between the
         forward and the backward was measured
         (:meth:`~lightning_memplan.forecasting.Forecast.with_eager_loss`)."""
-        calls, losses = self.forward_calls_per_step, self.eager_losses
+        calls, losses, made = self.forward_calls_per_step, self.eager_losses, self._made_inputs
         plan, fc = self.plan, self.forecast
-        if plan is None or (calls <= 1 and not losses):
+        if plan is None or (calls <= 1 and not losses and not made):
             return
         if fc is None or fc.peak_bytes is None:
             if calls > 1:
@@ -677,7 +687,7 @@ class MemPlanCallback(Callback):
             return
         try:
             plan, fc = lay_out_step(plan, fc, calls=calls, new_input_bytes=self._fresh_input_bytes(calls),
-                                    eager_losses=losses, loop=self._loop())
+                                    eager_losses=losses, made_input_bytes=self._made_inputs, loop=self._loop())
         except Exception as exc:  # noqa: BLE001 - the plain prediction stands; training goes on
             warnings.warn(f"MemPlanCallback: laying the forecast out for the step the first batch ran failed "
                           f"({exc!r}); the prediction covers one call of the compiled graphs.",
@@ -686,6 +696,9 @@ class MemPlanCallback(Callback):
         self.forecast, self.plan = fc, plan
         baseline, peak = plan.baseline_bytes, plan.predicted_peak_bytes
         parts = []
+        if made and self._verbose:
+            parts.append(f"training_step makes {format_bytes(made)} of the forward's inputs (counted in the step, "
+                         "not before it)")
         if calls > 1:
             parts.append(f"training_step called the planned forward {calls} times in one step; the forecast now "
                          f"covers {calls} calls (every call's saved activations live until its backward)")

@@ -116,6 +116,12 @@ class CallOutputs:
     alive: Sequence[torch.Tensor] = ()
     #: Measured peak of the eager code after it (:attr:`EagerLoss.forward_peak_bytes`), in bytes.
     forward_peak_bytes: int = 0
+    #: Storage key and bytes of each edge's tensor when the call returned (aligned with ``edges``;
+    #: empty: unknown). An output another output is computed from (the logits a loss inside the
+    #: model is computed on, after a graph break) is an input of a later compiled region, held in
+    #: the forecast already: it is not counted again.
+    edge_keys: Sequence[int] = ()
+    edge_bytes: Sequence[int] = ()
 
 
 @dataclass
@@ -125,9 +131,12 @@ class NotedOutputs:
     peak of the eager code after the call is filled in when its window closes."""
 
     edges: list[GradientEdge]
-    #: ``(StorageWeakRef, bytes)`` per output.
+    #: ``(StorageWeakRef, bytes)`` per output storage (each once).
     storages: list[tuple[Any, int]]
     refs: list[Any]
+    #: Storage key and bytes of each edge's tensor (aligned with ``edges``).
+    edge_keys: list[int] = field(default_factory=list)
+    edge_bytes: list[int] = field(default_factory=list)
     #: :attr:`EagerLoss.forward_peak_bytes` of this call, in bytes.
     forward_peak_bytes: int = 0
 
@@ -139,9 +148,13 @@ class NotedOutputs:
         from torch.autograd.graph import get_gradient_edge
 
         leaves = [t for t in _compat.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return cls(edges=[get_gradient_edge(t) for t in leaves if t.requires_grad],
-                   storages=[(_compat.storage_weakref(t), int(t.untyped_storage().nbytes())) for t in leaves],
-                   refs=[weakref.ref(t) for t in leaves])
+        storages = {_compat.storage_key(t): t for t in leaves}
+        grad = [t for t in leaves if t.requires_grad]
+        return cls(edges=[get_gradient_edge(t) for t in grad],
+                   storages=[(_compat.storage_weakref(t), int(t.untyped_storage().nbytes())) for t in storages.values()],
+                   refs=[weakref.ref(t) for t in leaves],
+                   edge_keys=[_compat.storage_key(t) for t in grad],
+                   edge_bytes=[int(t.untyped_storage().nbytes()) for t in grad])
 
     def now(self) -> CallOutputs:
         """What is left of them now, for :func:`measure_eager_losses`."""
@@ -149,7 +162,8 @@ class NotedOutputs:
                            # storages still allocated (a freed one's key may already be reused)
                            live_outputs={ref.cdata: n for ref, n in self.storages if not ref.expired()},
                            alive=[t for t in (r() for r in self.refs) if t is not None],
-                           forward_peak_bytes=self.forward_peak_bytes)
+                           forward_peak_bytes=self.forward_peak_bytes, edge_keys=tuple(self.edge_keys),
+                           edge_bytes=tuple(self.edge_bytes))
 
 
 def _reach(root: Any, stops: dict[int, int]) -> tuple[dict[int, Any], dict[int, frozenset[int]]]:
@@ -172,6 +186,25 @@ def _reach(root: Any, stops: dict[int, int]) -> tuple[dict[int, Any], dict[int, 
         if key not in stops:
             stack.extend((n, False) for n, _ in node.next_functions if n is not None)
     return nodes, reach
+
+
+def _inner_edges(calls: Sequence[CallOutputs]) -> set[tuple[int, int]]:
+    """``(node id, output_nr)`` of the output edges that another output is computed from: walking
+    down from every output's node, the output edges met in ``next_functions``."""
+    outputs = {(id(e.node), e.output_nr) for c in calls for e in c.edges}
+    inner: set[tuple[int, int]] = set()
+    seen: set[int] = set()
+    stack = [e.node for c in calls for e in c.edges]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for n, nr in node.next_functions:
+            if n is not None and (id(n), nr) in outputs:
+                inner.add((id(n), nr))
+            stack.append(n)
+    return inner
 
 
 def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
@@ -199,7 +232,12 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
     nodes, reach = _reach(loss.grad_fn, stops)
     if not any(k in nodes for k in stops):
         raise ValueError("measure_eager_loss: the loss does not depend on the compiled forward's outputs")
-    excluded = {_compat.storage_key(t) for t in exclude}
+    inner = _inner_edges(calls)
+    # per call: output storages a later compiled region takes as its input (in the forecast already)
+    held = [{k: b for e, k, b in zip(c.edges, c.edge_keys, c.edge_bytes) if (id(e.node), e.output_nr) in inner}
+            for c in calls]
+    excluded = {_compat.storage_key(t) for t in exclude}.union(
+        *({k for k in h if k in c.live_outputs} for h, c in zip(held, calls)))
     last = len(calls) - 1
     kept: dict[int, tuple[int, int]] = {}  # storage -> (call, bytes)
     for key, node in nodes.items():
@@ -212,7 +250,8 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                 kept.setdefault(s, (owner, int(t.untyped_storage().nbytes())))
     for c, call in enumerate(calls):
         for t in call.alive:
-            kept.setdefault(_compat.storage_key(t), (c, int(t.untyped_storage().nbytes())))
+            if _compat.storage_key(t) not in excluded:
+                kept.setdefault(_compat.storage_key(t), (c, int(t.untyped_storage().nbytes())))
     out: list[EagerLoss] = []
     for c, call in enumerate(calls):
         mine = {s: b for s, (owner, b) in kept.items() if owner == c}
@@ -226,7 +265,8 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                               if g is not None}.values())
             peak = int(window.peak_bytes)
             del grads
-        out.append(EagerLoss(outputs_bytes=int(call.outputs_bytes), outputs_kept_bytes=int(outputs_kept),
+        out.append(EagerLoss(outputs_bytes=int(call.outputs_bytes) - sum(held[c].values()),
+                             outputs_kept_bytes=int(outputs_kept),
                              kept_bytes=int(sum(mine.values()) - outputs_kept),
                              backward_peak_bytes=max(peak, grad_bytes), output_grad_bytes=grad_bytes,
                              forward_peak_bytes=int(call.forward_peak_bytes)))

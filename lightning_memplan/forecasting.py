@@ -192,6 +192,8 @@ class Forecast:
     _calls: int = field(default=1, repr=False, compare=False)
     #: Bytes of the fresh inputs of each call after the first (:meth:`repeated`).
     _extra: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    #: Bytes of the first call's inputs made in the step (:meth:`with_inputs_made_in_step`).
+    _made: int = field(default=0, repr=False, compare=False)
     _backend: MemplanBackend = field(repr=False, compare=False)
     #: What the timeline was laid out from: (per-region plans, executions, optimizer memory, FSDP
     #: overlay).
@@ -232,7 +234,25 @@ class Forecast:
                              f"{calls - 1} of them (one per call after the first).")
         if calls == 1 or not self._parts or self.peak_bytes is None or self.breakdown is None:
             return self
-        return self._laid_out(calls, tuple(extra), ())
+        return self._laid_out(calls, tuple(extra), (), self._made)
+
+    def with_inputs_made_in_step(self, nbytes: int) -> Forecast:
+        """This forecast for a step that makes ``nbytes`` of the model's inputs itself
+        (``training_step`` converts the batch: ``x.float() / 255``): they are not live before the
+        step, so they move from the baseline (``baseline_bytes``, ``breakdown.inputs``) into the
+        step, made just before the first forward and live until its backward has run. Laid out
+        again (nothing is compiled), as :meth:`repeated`; calls and eager losses laid in stay.
+
+        Raises:
+            ValueError: ``nbytes`` is not an int in [0, the inputs' bytes].
+        """
+        inputs = (self.breakdown.inputs + self._made) if self.breakdown is not None else 0
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= inputs:
+            raise ValueError(f"`Forecast.with_inputs_made_in_step(nbytes={nbytes!r})` must be an int from 0 to the "
+                             f"inputs' {inputs} bytes.")
+        if nbytes == self._made or not self._parts or self.peak_bytes is None or self.breakdown is None:
+            return self
+        return self._laid_out(self._calls, self._extra, self.eager_losses, nbytes)
 
     def with_eager_loss(self, loss: EagerLoss | Sequence[EagerLoss]) -> Forecast:
         """This forecast with the eager code between the forward and the backward laid in (the
@@ -255,7 +275,7 @@ class Forecast:
                              f"model: this forecast is laid out for {self._calls}.")
         if not self._parts or self.peak_bytes is None or self.breakdown is None:
             return self
-        return self._laid_out(self._calls, self._extra, losses)
+        return self._laid_out(self._calls, self._extra, losses, self._made)
 
     @property
     def eager_loss(self) -> EagerLoss | None:
@@ -264,10 +284,11 @@ class Forecast:
         or there are several calls (:attr:`eager_losses`)."""
         return self.eager_losses[0] if len(self.eager_losses) == 1 else None
 
-    def _laid_out(self, calls: int, extra: tuple[int, ...], losses: tuple[EagerLoss, ...]) -> Forecast:
+    def _laid_out(self, calls: int, extra: tuple[int, ...], losses: tuple[EagerLoss, ...], made: int) -> Forecast:
         """The timeline laid out again from the compiled plans for ``calls`` calls per step
         (``extra``: fresh input bytes of each later call) with ``losses`` (none, or one per call)
-        laid in (see :meth:`repeated`, :meth:`with_eager_loss`)."""
+        laid in and ``made`` bytes of the first call's inputs made in the step (see
+        :meth:`repeated`, :meth:`with_eager_loss`, :meth:`with_inputs_made_in_step`)."""
         assert self.breakdown is not None
         plans, executions, opt, overlay = self._parts
         one = _executed(list(plans), executions)
@@ -276,6 +297,7 @@ class Forecast:
         ends = [n * (c + 1) - 1 for c in range(calls)]
         acc = [p.param_gradients if j < n * (calls - 1) else 0 for j, p in enumerate(seq)]
         fresh = [extra[j // n - 1] if j % n == 0 and j >= n else 0 for j in range(len(seq))]
+        fresh[0] += made
         events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in (overlay or {}).items()} if calls == 1 else {}
         hold: dict[int, int] = {}
         for end, loss in zip(ends, losses):
@@ -297,15 +319,18 @@ class Forecast:
             notes.append("the eager code between the forward and the backward (the loss on the outputs) is laid in "
                          "from one measured step")
         per_call = max(1, self._calls)
+        relaid = bool(calls > 1 or losses or made)
         return dataclasses.replace(
             self, peak_bytes=peak, requested_peak_bytes=peak, timeline=tuple(timeline),
+            baseline_bytes=self.baseline_bytes + self._made - made,
             breakdown=dataclasses.replace(self.breakdown, activations=acts, gradients=grads,
-                                          optimizer_temporaries=temps, fsdp_buffers=fsdp),
+                                          optimizer_temporaries=temps, fsdp_buffers=fsdp,
+                                          inputs=self.breakdown.inputs + self._made - made),
             regions=tuple(dataclasses.replace(r, calls=r.calls // per_call * calls) for r in self.regions),
-            allocations=None if calls > 1 or losses else self.allocations,
-            cuda_allocator=None if calls > 1 or losses else self.cuda_allocator,
+            allocations=None if relaid else self.allocations,
+            cuda_allocator=None if relaid else self.cuda_allocator,
             problems=self.problems + tuple(m for m in notes if m not in self.problems),
-            _calls=calls, _extra=extra, eager_losses=losses)
+            _calls=calls, _extra=extra, eager_losses=losses, _made=made)
 
     def _detached(self) -> Forecast:
         """This forecast without its compiled step, backend and graphs: plain data that

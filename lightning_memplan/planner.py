@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -317,11 +317,13 @@ def rejudge_plan(
     calls: int,
     new_input_bytes: int | Sequence[int] = 0,
     eager_loss: EagerLoss | Sequence[EagerLoss] | None = None,
+    made_input_bytes: int = 0,
     loop: TrainingLoop = TrainingLoop(),
 ) -> MemPlan:
     """``plan``'s candidates judged again for a training step that calls the model ``calls`` times
     (``Forecast.repeated``; ``new_input_bytes`` as it takes them) with the measured ``eager_loss``
-    (one per call) laid in (``Forecast.with_eager_loss``), and chosen again, as
+    (one per call) laid in (``Forecast.with_eager_loss``) and the first call's inputs the step made
+    (``Forecast.with_inputs_made_in_step``), and chosen again, as
     :func:`decide_plan` chooses; nothing is compiled. ``grads``: gradient bytes live when a step
     starts (see :func:`lightning_step_memory`). When nothing fits ``max_memory``, the smallest plan
     (as :func:`decide_plan`, without a warning: the caller reports it).
@@ -330,15 +332,18 @@ def rejudge_plan(
         ValueError: ``forecasts`` does not match ``plan.candidates``.
     """
     def judge(fc: Any) -> tuple[int, int | None]:
-        laid = fc.repeated(calls, new_input_bytes) if calls > 1 else fc
+        laid = fc.with_inputs_made_in_step(made_input_bytes) if made_input_bytes else fc
+        laid = laid.repeated(calls, new_input_bytes) if calls > 1 else laid
         return lightning_step_memory(laid.with_eager_loss(eager_loss) if eager_loss else laid, grads, loop)
 
     try:
         new = rejudge(plan, forecasts, judge, max_memory=settings.max_memory, solver=settings.solver)
     except PlanDoesNotFit as exc:
         new = exc.plan
-    how = ", ".join(([f"judged on {calls} forward calls per step"] if calls > 1 or not eager_loss else [])
-                    + (["judged with the loss on the outputs measured on the first batch"] if eager_loss else []))
+    how = "judged " + ", ".join(
+        ([f"on {calls} forward calls per step"] if calls > 1 or not (eager_loss or made_input_bytes) else [])
+        + (["with the inputs training_step makes"] if made_input_bytes else [])
+        + (["with the loss on the outputs measured on the first batch"] if eager_loss else []))
     return dataclasses.replace(new, backend=settings.backend, reason=f"{new.reason}, {how}")
 
 
@@ -350,11 +355,12 @@ def input_storages(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[int, int
     return {storage_key(t): int(t.untyped_storage().nbytes()) for t in leaves}
 
 
-def fresh_input_bytes(call_inputs: Sequence[dict[int, int]], calls: int) -> list[int] | int:
+def fresh_input_bytes(call_inputs: Sequence[dict[int, int]], calls: int,
+                      before: Collection[int] = ()) -> list[int] | int:
     """Bytes of the inputs each call after the first got that no earlier call had (another view
-    of the batch), from :func:`input_storages` of each call; 0 when they were not recorded for
-    every call."""
-    seen: dict[int, int] = {}
+    of the batch), from :func:`input_storages` of each call; storages in ``before`` (live before
+    the step: the batch, parameters) are not fresh. 0 when they were not recorded for every call."""
+    seen: dict[int, int] = dict.fromkeys(before, 0)
     fresh = []
     for i, storages in enumerate(call_inputs[:calls]):
         if i:
@@ -363,23 +369,47 @@ def fresh_input_bytes(call_inputs: Sequence[dict[int, int]], calls: int) -> list
     return fresh if len(fresh) == calls - 1 else 0
 
 
+def made_input_bytes(call_inputs: Sequence[dict[int, int]], before: Collection[int]) -> int:
+    """Bytes of the first call's inputs (:func:`input_storages`) that were not live before the
+    step (storage keys ``before``: the batch, parameters, buffers): ``training_step`` made them
+    (``x.float() / 255``). 0 when no call was recorded."""
+    return sum(n for k, n in call_inputs[0].items() if k not in before) if call_inputs else 0
+
+
+def storage_keys(*trees: Any) -> set[int]:
+    """Storage keys of every tensor in ``trees`` (any nesting; modules give their parameters
+    and buffers)."""
+    from ._compat import storage_key, tree_leaves
+
+    keys: set[int] = set()
+    for tree in trees:
+        tensors = [*tree.parameters(), *tree.buffers()] if isinstance(tree, nn.Module) else tree_leaves(tree)
+        keys.update(storage_key(t) for t in tensors if isinstance(t, torch.Tensor))
+    return keys
+
+
 def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | Sequence[int] = 0,
-                 eager_losses: Sequence[EagerLoss] = (),
+                 eager_losses: Sequence[EagerLoss] = (), made_input_bytes: int = 0,
                  loop: TrainingLoop = TrainingLoop()) -> tuple[MemPlan, Any]:
     """``plan`` and its forecast ``fc`` laid out for the step the first batch showed (nothing is
     compiled): ``calls`` calls of the forward per step (``Forecast.repeated``, ``new_input_bytes``
-    as it takes them) and the eager code between the forward and the backward (``eager_losses``,
-    one per call; ``Forecast.with_eager_loss``). The plan's prediction, baseline and activations
-    are those of the Lightning step ``loop`` runs (:func:`lightning_step_memory`). Returns them
-    unchanged when there is nothing to lay out or no forecast. Raises what the layout raises."""
-    if (calls <= 1 and not eager_losses) or fc is None or fc.peak_bytes is None:
+    as it takes them), the eager code between the forward and the backward (``eager_losses``,
+    one per call; ``Forecast.with_eager_loss``) and the first call's inputs the step made
+    (``made_input_bytes``; ``Forecast.with_inputs_made_in_step``). The plan's prediction, baseline
+    and activations are those of the Lightning step ``loop`` runs (:func:`lightning_step_memory`).
+    Returns them unchanged when there is nothing to lay out or no forecast. Raises what the layout
+    raises."""
+    if (calls <= 1 and not eager_losses and not made_input_bytes) or fc is None or fc.peak_bytes is None:
         return plan, fc
+    if made_input_bytes:
+        fc = fc.with_inputs_made_in_step(made_input_bytes)
     if calls > 1:
         fc = fc.repeated(calls, new_input_bytes=new_input_bytes)
     if eager_losses:
         fc = fc.with_eager_loss(tuple(eager_losses))
     baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), loop)
-    breakdown = {**plan.breakdown, "activations": fc.breakdown.activations} if fc.breakdown else plan.breakdown
+    breakdown = ({**plan.breakdown, "activations": fc.breakdown.activations, "inputs": fc.breakdown.inputs}
+                 if fc.breakdown else plan.breakdown)
     return dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline, breakdown=breakdown), fc
 
 

@@ -35,8 +35,10 @@ from .planner import (
     grad_bytes,
     input_storages,
     lay_out_step,
+    made_input_bytes,
     rejudge_plan,
     resolve_submodule,
+    storage_keys,
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 
@@ -103,6 +105,8 @@ class _ProbedStep:
     fresh: list[int] | int
     #: The eager code between the forward and the backward, one per call (empty: not measured).
     eager_losses: tuple[EagerLoss, ...]
+    #: Bytes of the first call's inputs training_step made (not in the batch).
+    made: int
 
 
 def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: torch.device) -> _ProbedStep | None:
@@ -161,8 +165,10 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         calls = [dataclasses.replace(c, alive=[t for t in c.alive if id(t) in returned])
                  for c in (n.now() for n in noted)]
         losses = measure_eager_losses(loss, calls, exclude=params_and_batch, device=device)
+        before = storage_keys(batch, target)
         return _ProbedStep(args=first[0][0], kwargs=first[0][1], calls=len(noted),
-                           fresh=fresh_input_bytes(inputs, len(noted)), eager_losses=losses)
+                           fresh=fresh_input_bytes(inputs, len(noted), before), eager_losses=losses,
+                           made=made_input_bytes(inputs, before))
     except Exception as exc:  # noqa: BLE001 - planned without it
         rank_zero_info(f"plan_memory: running training_step once to measure the loss on the outputs failed "
                        f"({exc!r}); planning the compiled forward alone.")
@@ -280,15 +286,16 @@ def plan_memory(
             kept: list[Any] = []
             plan = decide_plan(settings, target, forward, args, kwargs, optimizer, call="plan_memory",
                                loop=loop, kept=kept)
-            if step is not None and (step.calls > 1 or step.eager_losses) and plan.candidates:
+            if step is not None and (step.calls > 1 or step.eager_losses or step.made) and plan.candidates:
                 plan = rejudge_plan(settings, plan, kept, grad_bytes(target), calls=step.calls,
-                                    new_input_bytes=step.fresh, eager_loss=step.eager_losses, loop=loop)
+                                    new_input_bytes=step.fresh, eager_loss=step.eager_losses,
+                                    made_input_bytes=step.made, loop=loop)
             with checkpointed(target, plan.checkpoint):
                 plan, fc = forecast_plan(settings, plan, target, forward, args, kwargs, optimizer,
                                          loop=loop)
             if step is not None:
                 plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
-                                       eager_losses=step.eager_losses, loop=loop)
+                                       eager_losses=step.eager_losses, made_input_bytes=step.made, loop=loop)
     finally:
         model.to(home)
         model.train(was_training)

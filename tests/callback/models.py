@@ -125,3 +125,23 @@ class WideHeadTwoViews(WideHead):
         target = (y[:, 0].abs() * 997).long() % self._classes
         ce = torch.nn.functional.cross_entropy
         return ce(self(x), target) + ce(self(x.flip(0)), target)
+
+
+class BytesIn(TinyNet):
+    """Batches of uint8 features that training_step converts to floats (as image pipelines do):
+    the forward's input is made inside the step, four times the batch's bytes."""
+
+    def __init__(self) -> None:
+        super().__init__(width=256, depth=1, batch=64, batches=3)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x.float() / 255), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)  # no temporaries: the step peaks in backward
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, 256, (self._batch * self._batches, self._width), generator=g, dtype=torch.uint8)
+        return DataLoader(TensorDataset(x, torch.randn(len(x), 1, generator=g)), batch_size=self._batch)

@@ -10,7 +10,13 @@ from torch.autograd.graph import get_gradient_edge
 
 from lightning_memplan import forecast
 from lightning_memplan._compat import storage_key
-from lightning_memplan.eager_loss import EagerLoss, eager_loss_events, measure_eager_loss
+from lightning_memplan.eager_loss import (
+    EagerLoss,
+    NotedOutputs,
+    eager_loss_events,
+    measure_eager_loss,
+    measure_eager_losses,
+)
 
 
 def _compiled_head(classes: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -124,3 +130,30 @@ def test_under_inductor_the_realized_stand_in_gradient_holds_the_outputs_gradien
     assert ind.with_eager_loss(loss).peak_bytes == ind.with_eager_loss(no_grads).peak_bytes
     fx = forecast(model, (x,), budget=1.0, backend="aot_eager")
     assert fx.with_eager_loss(loss).peak_bytes > fx.with_eager_loss(no_grads).peak_bytes
+
+
+def test_an_output_a_later_region_computes_the_loss_from_is_not_counted_again() -> None:
+    """The Hugging Face pattern, ``model(ids, labels=ids)``: the model returns its logits and the
+    loss it computed from them after a graph break. The logits are an input of the loss's region,
+    held in the forecast already; only the loss is the eager part's output (before: the logits
+    were counted twice, as the eager code's outputs too)."""
+
+    class LossInside(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Linear(16, 1000)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.head(x)
+            torch._dynamo.graph_break()
+            return logits, F.cross_entropy(logits, y)
+
+    torch.manual_seed(0)
+    model = LossInside()
+    logits, loss = torch.compile(model, backend="aot_eager", dynamic=False)(torch.randn(64, 16),
+                                                                            torch.arange(64) % 1000)
+    noted = NotedOutputs.of((logits, loss))
+    assert noted.edge_bytes == [64 * 1000 * 4, 4]
+    del logits
+    (m,) = measure_eager_losses(loss, [noted.now()], exclude=[*model.parameters()])
+    assert (m.outputs_bytes, m.kept_bytes, m.output_grad_bytes) == (4, 0, 4), m
