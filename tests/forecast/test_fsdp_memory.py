@@ -139,6 +139,7 @@ def test_forecast_of_an_fsdp2_model_in_two_processes(tmp_path: Path) -> None:
     for r in ranks:
         assert r["status"] == "ok" and r["backward_graphs"] >= 1 and r["fsdp_buffers"] > head
         assert r["predicted"] == predicted
-        assert all(predicted - 0.5 * unit <= p <= predicted + 2.2 * unit for p in r["measured"]), r["measured"]
+        # at most one late copy per all-gather of the step's 4 units (3 were seen in one of 16 steps)
+        assert all(predicted - 0.5 * unit <= p <= predicted + 4.2 * unit for p in r["measured"]), r["measured"]
     peaks = [p for r in ranks for p in r["measured"]]
     assert any(abs(predicted - p) <= 0.03 * p for p in peaks), (predicted, peaks)
