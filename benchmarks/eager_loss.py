@@ -9,7 +9,9 @@ logits in ``training_step``, outside the compiled forward. Four kinds of step:
   bincount of vocabulary**2 int64 bins between the forward and the backward);
 - ``manual``: manual optimization (``zero_grad``, ``manual_backward``, ``step`` in training_step);
 - ``two_calls``: the forward called twice per step (the sequence and the sequence shifted by one
-  token), each call with its own loss.
+  token), each call with its own loss;
+- ``in_model``: the loss computed inside the forward after a graph break, returned beside the
+  logits (Hugging Face's ``model(ids, labels=ids)``; its loss function breaks the graph).
 
 For each kind, vocabulary size and backend one ``Trainer.fit`` of 2 epochs (CPU, budget 0.5)
 reports the prediction error of the last epoch. The named peer is the same fit with the eager-code
@@ -45,7 +47,7 @@ import lightning_memplan.callback as callback_mod  # noqa: E402
 from lightning_memplan import MemPlanCallback  # noqa: E402
 
 MiB = 2**20
-STEPS = ("loss", "metric", "manual", "two_calls")
+STEPS = ("loss", "metric", "manual", "two_calls", "in_model")
 
 
 class LM(LightningModule):
@@ -65,8 +67,12 @@ class LM(LightningModule):
         self.out = nn.Linear(d, vocab)
         self.vocab, self.seq, self.batch = vocab, seq, batch
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.out(self.enc(self.emb(ids)))
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+        logits = self.out(self.enc(self.emb(ids)))
+        if labels is None:
+            return logits
+        torch._dynamo.graph_break()
+        return logits, nn.functional.cross_entropy(logits.reshape(-1, self.vocab), labels.reshape(-1))
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self(inputs).reshape(-1, self.vocab)
@@ -77,6 +83,8 @@ class LM(LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor], batch_idx: int) -> torch.Tensor:
         (ids,) = batch
+        if self.step == "in_model":
+            return self(ids[:, :-1], ids[:, 1:])[1]
         if self.step == "two_calls":
             return self._loss(ids[:, :-1], ids[:, 1:]) + self._loss(ids[:, 1:], ids[:, :-1])
         if self.step != "manual":

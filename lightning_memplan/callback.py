@@ -598,6 +598,7 @@ class MemPlanCallback(Callback):
                 MemPlanWarning, stacklevel=2)
         if self._fit_batches == 1:
             self._close_eager_window()  # no backward ran in this batch
+            self._note_returned(outputs)
             if self._module is not None:
                 self._before_step = storage_keys(self._first_batch, self._module)
                 self._made_inputs = made_input_bytes(self._call_inputs, self._before_step)
@@ -618,6 +619,20 @@ class MemPlanCallback(Callback):
             return
         self._epoch_peaks.append(peak)
         self._maybe_replan(peak)
+
+    def _note_returned(self, outputs: Any) -> None:
+        """The outputs of the forward that a later compiled region computes the loss from die in
+        that region's backward, unless ``training_step`` returned them: Lightning keeps what it
+        returned (detached, the same storage) through the backward. Note those bytes on the eager
+        losses (``EagerLoss.held_inner_bytes``)."""
+        if not any(m.inner_outputs for m in self.eager_losses):
+            return
+        from ._compat import storage_key, tree_leaves
+
+        returned = {storage_key(t) for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)}
+        self.eager_losses = tuple(
+            dataclasses.replace(m, held_inner_bytes=sum(b for k, b in m.inner_outputs if k in returned))
+            for m in self.eager_losses)
 
     def _may_replan(self) -> bool:
         """Whether the closed loop may still re-plan (it needs the first batch's inputs)."""
@@ -672,8 +687,9 @@ class MemPlanCallback(Callback):
     def _forecast_step(self) -> None:
         """Lay the forecast out for the step the first batch showed (nothing is compiled) and
         predict from it: ``training_step`` called the planned forward several times
-        (:meth:`~lightning_memplan.forecasting.Forecast.repeated`), and the eager code between the
-        forward and the backward was measured
+        (:meth:`~lightning_memplan.forecasting.Forecast.repeated`), made the forward's inputs itself
+        (:meth:`~lightning_memplan.forecasting.Forecast.with_inputs_made_in_step`), and the eager
+        code between the forward and the backward was measured
         (:meth:`~lightning_memplan.forecasting.Forecast.with_eager_loss`)."""
         calls, losses, made = self.forward_calls_per_step, self.eager_losses, self._made_inputs
         plan, fc = self.plan, self.forecast

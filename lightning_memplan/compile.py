@@ -502,6 +502,11 @@ class MemplanBackend:
         #: (e.g. the FSDP unit whose forward is running).
         self.call_owner: Callable[[], int | None] | None = None
         self.owners: list[int | None] = []
+        #: While recording: ``{(position j, position i): bytes}`` of position ``i``'s outputs that
+        #: were live when position ``j``'s backward started and freed when it ended (``j`` held them
+        #: last: an input it saved, released at its last read). Positions index ``executions``.
+        self.early_frees: dict[tuple[int, int], int] = {}
+        self._position_outputs: dict[int, list[tuple[Any, int]]] = {}
 
     def sweep_regions(self, budget: float, checkpoint: Sequence[str] = ()) -> list[RegionCapture]:
         """The regions captured for a sweep plan, one per compiled region, in order: the backend's
@@ -596,12 +601,45 @@ class MemplanBackend:
         executions, owners = self.executions, self.owners
 
         def memplan_region(*args: Any, **kwargs: Any) -> Any:
-            if self.recording:
-                executions.append(index)
-                owners.append(self.call_owner() if self.call_owner is not None else None)
-            return fn(*args, **kwargs)
+            if not self.recording:
+                return fn(*args, **kwargs)
+            position = len(executions)
+            executions.append(index)
+            owners.append(self.call_owner() if self.call_owner is not None else None)
+            out = fn(*args, **kwargs)
+            try:
+                self._watch_outputs(position, out)
+            except Exception as err:  # noqa: BLE001 - no early frees for this call
+                self.regions[index].errors.append(f"output lifetimes not watched: {type(err).__name__}: {err}")
+            return out
 
         return memplan_region
+
+    def _watch_outputs(self, position: int, out: Any) -> None:
+        """Note the storages of the outputs of the region call at ``position`` and hook its
+        backward node: which earlier calls' outputs die while it runs (:attr:`early_frees`)."""
+        leaves = [t for t in _compat.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        unique = {_compat.storage_key(t): t for t in leaves}
+        self._position_outputs[position] = [(_compat.storage_weakref(t), int(t.untyped_storage().nbytes()))
+                                            for t in unique.values()]
+        node = next((t.grad_fn for t in leaves
+                     if t.grad_fn is not None and "CompiledFunction" in t.grad_fn.name()), None)
+        if node is None:
+            return
+        live: list[tuple[int, Any, int]] = []
+        outputs, frees = self._position_outputs, self.early_frees
+
+        def before(grad_outputs: Any) -> None:
+            live[:] = [(i, ref, n) for i in range(position) for ref, n in outputs.get(i, ()) if not ref.expired()]
+
+        def after(grad_inputs: Any, grad_outputs: Any) -> None:
+            for i, ref, n in live:
+                if ref.expired():
+                    frees[(position, i)] = frees.get((position, i), 0) + n
+            live.clear()
+
+        node.register_prehook(before)
+        node.register_hook(after)
 
     def _record_graph(self, region: RegionCapture, gm: fx.GraphModule, is_backward: bool) -> None:
         if not self.capture:

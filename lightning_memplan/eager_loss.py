@@ -28,7 +28,8 @@ from torch.autograd.graph import GradientEdge
 from . import _compat
 from .measure import PeakWindow
 
-__all__ = ["CallOutputs", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss", "measure_eager_losses"]
+__all__ = ["CallOutputs", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss",
+           "measure_eager_losses"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,13 @@ class EagerLoss:
     #: forward, metrics updated on the outputs (a confusion matrix), logging. Its tensors that the
     #: loss keeps are in ``kept_bytes`` too; the rest is transient. 0 when not measured.
     forward_peak_bytes: int = 0
+    #: ``(storage key, bytes)`` of the outputs a later compiled region computes from (the logits
+    #: a loss inside the model is computed on): in the forecast as that region's input, which
+    #: dies in its backward. Keys identify storages while they live.
+    inner_outputs: tuple[tuple[int, int], ...] = ()
+    #: Of those, the bytes ``training_step`` returned: Lightning keeps them (detached) through the
+    #: backward, so they do not die early (see ``Forecast.with_eager_loss``). Set by the caller.
+    held_inner_bytes: int = 0
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:
@@ -151,7 +159,8 @@ class NotedOutputs:
         storages = {_compat.storage_key(t): t for t in leaves}
         grad = [t for t in leaves if t.requires_grad]
         return cls(edges=[get_gradient_edge(t) for t in grad],
-                   storages=[(_compat.storage_weakref(t), int(t.untyped_storage().nbytes())) for t in storages.values()],
+                   storages=[(_compat.storage_weakref(t), int(t.untyped_storage().nbytes()))
+                             for t in storages.values()],
                    refs=[weakref.ref(t) for t in leaves],
                    edge_keys=[_compat.storage_key(t) for t in grad],
                    edge_bytes=[int(t.untyped_storage().nbytes()) for t in grad])
@@ -269,7 +278,8 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                              outputs_kept_bytes=int(outputs_kept),
                              kept_bytes=int(sum(mine.values()) - outputs_kept),
                              backward_peak_bytes=max(peak, grad_bytes), output_grad_bytes=grad_bytes,
-                             forward_peak_bytes=int(call.forward_peak_bytes)))
+                             forward_peak_bytes=int(call.forward_peak_bytes),
+                             inner_outputs=tuple(sorted(held[c].items()))))
     return tuple(out)
 
 

@@ -345,6 +345,9 @@ class RegionMemory:
     tangent_keys: frozenset[int] = frozenset()
     #: Names of the backward's nodes that read an incoming gradient's storage (views included).
     tangent_readers: frozenset[str] = frozenset()
+    #: Names of the backward's nodes that read a saved activation input's storage (views
+    #: included): after the last of them the backward holds none of its activation inputs.
+    activation_input_readers: frozenset[str] = frozenset()
 
 
 def profile_region(
@@ -398,9 +401,12 @@ def profile_region(
         return sum(st.nbytes[k] for k in keys if devices is None or st.device[k] in devices)
 
     saves_acts: bool | None = None
+    act_readers: frozenset[str] = frozenset()
     if activation_inputs is not None and shared:
         act_keys = fws.keys_of(activation_inputs) & fws.input_keys
-        saves_acts = any(set(bws.produced[p.name]) & act_keys for p in placeholders if p.name not in tangents)
+        saved_acts = {k for p in placeholders if p.name not in tangents for k in set(bws.produced[p.name]) & act_keys}
+        saves_acts = bool(saved_acts)
+        act_readers = frozenset(n for k in saved_acts for n in bws.readers.get(k, ()) if n != "output")
     tangent_keys = bws.keys_of(tangents) & bws.input_keys
     copies = [
         t.numel() * t.element_size()
@@ -420,4 +426,5 @@ def profile_region(
         tangent_keys=frozenset(tangent_keys),
         tangent_readers=frozenset(n for k in tangent_keys for n in bws.readers.get(k, ()) if n != "output"),
         saves_activation_inputs=saves_acts,
+        activation_input_readers=act_readers,
     )

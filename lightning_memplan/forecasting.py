@@ -290,7 +290,7 @@ class Forecast:
         laid in and ``made`` bytes of the first call's inputs made in the step (see
         :meth:`repeated`, :meth:`with_eager_loss`, :meth:`with_inputs_made_in_step`)."""
         assert self.breakdown is not None
-        plans, executions, opt, overlay = self._parts
+        plans, executions, opt, overlay, early = self._parts
         one = _executed(list(plans), executions)
         n = len(one)
         seq = one * calls
@@ -308,8 +308,14 @@ class Forecast:
             # it already stands in for the real gradients there. In an FX graph it stays a view
             # of the scalar.
             hold[end] = loss.output_grad_bytes if seq[end].method == "fx" else 0
+        # each call's outputs die where the compiling run's did, in that call's own backwards, unless
+        # training_step took hold of one of them (returned it: Lightning keeps it through the backward)
+        held = [c < len(losses) and losses[c].held_inner_bytes > 0 for c in range(calls)]
+        run_early = {c * n + j: {c * n + i: b for i, b in by.items()}
+                     for c in range(calls) if not held[c] for j, by in early.items()}
         timeline, peak, (acts, grads, temps, fsdp) = _layout(seq, opt, ends=frozenset(ends), accumulate=acc,
-                                                             inputs=fresh, overlay=events, bw_hold=hold)
+                                                             inputs=fresh, overlay=events, bw_hold=hold,
+                                                             early=run_early)
         notes = []
         if calls > 1 and self.cuda_allocator is not None:
             notes.append(f"{calls} calls per step: the CUDA allocator model was not run (requested bytes)")
@@ -450,6 +456,9 @@ class _Plan:
     #: views of them); ``None`` when unknown. An eager loss's gradients of the outputs, handed to
     #: this backward instead, die there (:meth:`Forecast.with_eager_loss`).
     tangent_last_use: int | None = None
+    #: The step of ``bw_timeline`` that last reads one of the activation inputs the backward saved
+    #: (``None`` when unknown or none): earlier regions' outputs it held last die after it.
+    input_last_use: int | None = None
 
 
 def _workspaces(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> dict[int, tuple[int, str]]:
@@ -525,6 +534,10 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
     if readers and bw is not None:
         used = [i for i, name in enumerate(bw.order) if name in readers]
         fx_plan = dataclasses.replace(fx_plan, tangent_last_use=max(used) if used else None)
+    act_readers = set(mem.activation_input_readers)
+    if act_readers and bw is not None:
+        used = [i for i, name in enumerate(bw.order) if name in act_readers]
+        fx_plan = dataclasses.replace(fx_plan, input_last_use=max(used) if used else None)
     if not use_scheduler:
         return fx_plan
     # prefer the replay of the generated wrapper (it sees buffer reuse); else the scheduler estimate
@@ -561,6 +574,7 @@ def _plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -> _Pla
         param_gradients=fx_plan.param_gradients,
         largest_param_gradient=fx_plan.largest_param_gradient,
         tangent_last_use=_last_step_reading(bs, readers, shift) if bs is not None else None,
+        input_last_use=_last_step_reading(bs, act_readers, shift) if bs is not None and act_readers else None,
     )
 
 
@@ -592,6 +606,22 @@ def _fsdp_overlay(fsdp: _compat.Fsdp2Units, plans: list[_Plan], executions: Sequ
     return events
 
 
+def _run_early(plans: Sequence[_Plan], executions: Sequence[int],
+               early: Mapping[tuple[int, int], int]) -> dict[int, dict[int, int]]:
+    """The backend's :attr:`~lightning_memplan.compile.MemplanBackend.early_frees` (keyed by
+    positions in ``executions``) by position in :func:`_executed`'s run: consumer -> {producer: bytes}."""
+    indices = {p.index for p in plans}
+    run_pos: dict[int, int] = {}
+    for k, i in enumerate(executions):
+        if i in indices:
+            run_pos[k] = len(run_pos)
+    out: dict[int, dict[int, int]] = {}
+    for (j, i), n in early.items():
+        if j in run_pos and i in run_pos and n > 0:
+            out.setdefault(run_pos[j], {})[run_pos[i]] = n
+    return out
+
+
 def _executed(plans: list[_Plan], executions: Sequence[int]) -> list[_Plan]:
     """``plans`` in the order the step ran them, once per call (``executions``: region indices;
     regions without a plan are skipped); ``plans`` as they are when nothing was recorded."""
@@ -605,6 +635,7 @@ def _layout(
     accumulate: Sequence[int] = (), inputs: Sequence[int] = (),
     overlay: Mapping[Point, Sequence[FsdpEvent]] | None = None,
     bw_hold: Mapping[int, int] | None = None,
+    early: Mapping[int, Mapping[int, int]] | None = None,
 ) -> tuple[list[TimelineStep], int, tuple[int, int, int, int]]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
 
@@ -636,6 +667,10 @@ def _layout(
     ``bw_hold[j]``: bytes live from the start of position ``j``'s backward until its last read of
     its incoming gradient (``tangent_last_use``; unknown: the whole backward), then freed: an
     eager loss's gradients of the outputs, handed to that backward instead of its own tangents.
+    ``early[j]``: ``{i: bytes}`` of position ``i``'s outputs that position ``j``'s backward held
+    last (an activation input it saved; measured on the compiling run): they die after its last
+    read of its activation inputs (``input_last_use``; unknown: its end) instead of when position
+    ``i``'s backward starts.
 
     Returns the timeline, the peak, and (activations, gradients, optimizer temporaries, FSDP
     buffers) at the peak.
@@ -648,6 +683,7 @@ def _layout(
     offset = 0
     grads = 0
     fsdp = 0  # FSDP's buffers live
+    freed_early = [0] * len(plans)  # bytes of a position's outputs a later backward freed
 
     def apply(point: Point, phase: str, region: int) -> None:
         nonlocal offset, grads, fsdp, best
@@ -684,21 +720,33 @@ def _layout(
         handed = 0 if last else min(p.tangents, produced)  # gradients of this region's outputs, live
         grads -= handed
         gone = last or dropped[pos]
-        start = offset - p.saved - (0 if gone else p.fw_retained - p.saved)
+        start = offset - p.saved - (0 if gone else max(0, p.fw_retained - p.saved - freed_early[pos]))
         if p.tangents_in_timeline:
             start -= handed
         held = (bw_hold or {}).get(pos, 0)
         upto = len(p.bw_timeline) - 1 if p.tangent_last_use is None else p.tangent_last_use
-        for k, (node, b) in enumerate(zip(p.bw_nodes, p.bw_timeline)):
-            timeline.append(TimelineStep(phase="backward", region=p.index, node=node,
-                                         bytes=start + b + (held if k <= upto else 0)))
-        if start + p.bw_peak > best[0]:
-            g = grads + p.bw_grads_at_peak
-            best = (start + p.bw_peak, (start + p.bw_peak - g - fsdp, g, 0, fsdp))
-        if held and start + held + max(p.bw_timeline[: upto + 1]) > best[0]:
-            top = start + held + max(p.bw_timeline[: upto + 1])
-            best = (top, (top - grads - fsdp, grads, 0, fsdp))
-        offset = start + p.bw_end - (0 if p.tangents_in_timeline else handed)
+        # earlier positions' outputs this backward held last (not those already dropped)
+        cuts = {i: min(n, max(0, plans[i].fw_retained - plans[i].saved - freed_early[i]))
+                for i, n in (early or {}).get(pos, {}).items() if i < pos and not dropped[i] and i not in ends}
+        cut = sum(cuts.values())
+        at = len(p.bw_timeline) - 1 if p.input_last_use is None else p.input_last_use
+        steps = [b + (held if k <= upto else 0) - (cut if k > at else 0) for k, b in enumerate(p.bw_timeline)]
+        for node, b in zip(p.bw_nodes, steps):
+            timeline.append(TimelineStep(phase="backward", region=p.index, node=node, bytes=start + b))
+        if not cut:
+            if start + p.bw_peak > best[0]:
+                g = grads + p.bw_grads_at_peak
+                best = (start + p.bw_peak, (start + p.bw_peak - g - fsdp, g, 0, fsdp))
+            if held and start + held + max(p.bw_timeline[: upto + 1]) > best[0]:
+                top = start + held + max(p.bw_timeline[: upto + 1])
+                best = (top, (top - grads - fsdp, grads, 0, fsdp))
+        elif start + max(steps) > best[0]:
+            top = start + max(steps)
+            g = grads + min(p.bw_grads_at_peak, max(steps))
+            best = (top, (top - g - fsdp, g, 0, fsdp))
+        for i, n in cuts.items():
+            freed_early[i] += n
+        offset = start + p.bw_end - (0 if p.tangents_in_timeline else handed) - cut
         if acc[pos]:
             top = offset + p.largest_param_gradient  # one accumulated sum beside the new gradients
             timeline.append(TimelineStep(phase="backward", region=p.index, node="accumulate_grad", bytes=top))
@@ -789,6 +837,8 @@ def _compile_step(
     t0 = time.perf_counter()
     be.executions.clear()
     be.owners.clear()
+    be.early_frees.clear()
+    be._position_outputs.clear()
     be.recording = True  # which regions one step runs, and how often
     try:
         with _no_side_effects(model, devices):
@@ -800,6 +850,14 @@ def _compile_step(
                     compiled(*inputs)
             else:
                 _backward_without_hooks(compiled(*inputs), [*params, *inputs])
+                if len(be.regions) > 1:
+                    # the compiling run's region outputs are held by the compiles of the later regions
+                    # (their example inputs): watch where they die (be.early_frees) on a steady run
+                    be.executions.clear()
+                    be.owners.clear()
+                    be.early_frees.clear()
+                    be._position_outputs.clear()
+                    _backward_without_hooks(compiled(*inputs), [*params, *inputs])
     finally:
         be.recording = False
     return step, params, time.perf_counter() - t0, fsdp
@@ -860,7 +918,8 @@ def forecast(
 
     return _assemble(be, be.regions, model=model, params=params, inputs=inputs, optimizer=optimizer,
                      inner=inner, budget=b, solver_name=solver_name, compile_seconds=compile_seconds,
-                     step=step, stacklevel=3, executions=tuple(be.executions), fsdp=fsdp, owners=tuple(be.owners))
+                     step=step, stacklevel=3, executions=tuple(be.executions), fsdp=fsdp, owners=tuple(be.owners),
+                     early=dict(be.early_frees))
 
 
 def _assemble(
@@ -882,6 +941,7 @@ def _assemble(
     executions: Sequence[int] = (),
     fsdp: _compat.Fsdp2Units | None = None,
     owners: Sequence[int | None] = (),
+    early: Mapping[tuple[int, int], int] | None = None,
 ) -> Forecast:
     """The Forecast of one plan from its captured regions (after the compiling run).
 
@@ -889,6 +949,8 @@ def _assemble(
     times is laid out once per call); empty: each region once, in compile order. ``fsdp``: the
     model's FSDP2 units; ``owners`` (aligned with ``executions``): the unit each call ran in. Their
     buffers are laid into the timeline (:func:`~lightning_memplan.fsdp_memory.fsdp_step_events`).
+    ``early``: the compiling run's outputs that a later call's backward held last
+    (:attr:`~lightning_memplan.compile.MemplanBackend.early_frees`; see :func:`_layout`).
     """
     t1 = time.perf_counter()
     problems: list[str] = [f"region {r.index}: {e}" for r in be_regions for e in r.errors]
@@ -937,15 +999,19 @@ def _assemble(
     allocator: AllocatorForecast | None = None
     requested: int | None = None
     overlay: dict[Point, list[FsdpEvent]] = {}
+    run_early: dict[int, dict[int, int]] = {}
     if plans:
         run = _executed(plans, executions)
         device = params[0].device.type if params else "cpu"
         if fsdp is not None:
             overlay = _fsdp_overlay(fsdp, plans, executions, owners, device, problems)
-        timeline, peak, (acts, grads, temps, fsdp_bytes) = _layout(run, opt_mem, overlay=overlay)
+        run_early = _run_early(plans, executions, early or {}) if executions else {}
+        timeline, peak, (acts, grads, temps, fsdp_bytes) = _layout(run, opt_mem, overlay=overlay, early=run_early)
         requested = peak
         breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps,
                                     fsdp_buffers=fsdp_bytes)
+        # the allocation stream does not model outputs dying in a later backward (run_early): where
+        # that lowers the peak, the two disagree and the allocator model is not run
         allocations = None if overlay else _allocations(run, opt_mem, [s for v in storages.values() for s in v])
         consistent = allocations is not None and allocations.requested_peak_bytes == requested
         if allocations is not None and not consistent:
@@ -971,7 +1037,7 @@ def _assemble(
         timeline=tuple(timeline), budget=budget, solver=solver_name, backend=inner, status=status,
         problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
         compile_seconds=compile_seconds, overhead_seconds=overhead,
-        _step=step, _backend=be, _parts=(tuple(plans), tuple(executions), opt_mem, overlay),
+        _step=step, _backend=be, _parts=(tuple(plans), tuple(executions), opt_mem, overlay, run_early),
     )
 
 
@@ -1103,7 +1169,7 @@ def _grid(
                              extra_seconds=(sum(r.compile_seconds for r in regions)
                                             if run_step is not step else 0.0),
                              opt_mem=opt_mem, executions=tuple(be.executions), fsdp=fsdp,
-                             owners=tuple(be.owners))
+                             owners=tuple(be.owners), early=dict(be.early_frees))
     return out
 
 

@@ -158,7 +158,8 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         loss = result.get("loss") if isinstance(result, dict) else result
         if not first or not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not any(n.edges for n in noted):
             return None
-        params_and_batch = [*model.parameters(), *(t for t in _compat.tree_leaves(batch) if isinstance(t, torch.Tensor))]
+        params_and_batch = [*model.parameters(),
+                            *(t for t in _compat.tree_leaves(batch) if isinstance(t, torch.Tensor))]
         # a leaf is held by its AccumulateGrad node, so every output looks alive here: only those
         # training_step returned stay alive in fit (the loss's saved ones are found by the walk)
         returned = {id(t) for t in _compat.tree_leaves(result) if isinstance(t, torch.Tensor)}

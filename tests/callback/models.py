@@ -1,6 +1,8 @@
 """Tiny LightningModules for callback tests (small, so compiles stay fast on 2 CPU cores)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
@@ -145,3 +147,33 @@ class BytesIn(TinyNet):
         g = torch.Generator().manual_seed(0)
         x = torch.randint(0, 256, (self._batch * self._batches, self._width), generator=g, dtype=torch.uint8)
         return DataLoader(TensorDataset(x, torch.randn(len(x), 1, generator=g)), batch_size=self._batch)
+
+
+class LossInModel(LightningModule):
+    """Hugging Face's ``model(ids, labels=ids)`` in small: the forward returns the logits and the
+    loss it computes from them after a graph break; training_step returns the loss, or with
+    ``returns_logits`` a dict that also holds the logits (Lightning keeps them through the backward)."""
+
+    def __init__(self, returns_logits: bool = False, classes: int = 4000) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+        self.head = nn.Linear(64, classes)
+        self.returns_logits = returns_logits
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(self.body(x))
+        torch._dynamo.graph_break()
+        return logits, torch.nn.functional.cross_entropy(logits, y)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> Any:
+        x, y = batch
+        logits, loss = self(x, y)
+        return {"loss": loss, "logits": logits} if self.returns_logits else loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256 * 3, 64, generator=g)
+        return DataLoader(TensorDataset(x, torch.arange(len(x)) % self.head.out_features), batch_size=256)

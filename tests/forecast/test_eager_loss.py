@@ -86,7 +86,8 @@ def test_events_and_the_forecast_laid_out_with_them() -> None:
     # the timeline ends where the plain one ends: everything the loss made is freed
     assert laid.timeline[-1].bytes == fc.timeline[-1].bytes
     # several calls per step: one measurement per call, each laid in around its own call's end
-    with pytest.raises(ValueError, match=r"must be one EagerLoss per call of the model: this forecast is laid out for 2"):
+    with pytest.raises(ValueError, match=r"must be one EagerLoss per call of the model: this forecast is laid out "
+                                         r"for 2"):
         fc.repeated(2).with_eager_loss(big)
     two = fc.repeated(2).with_eager_loss([big, big])
     assert two.eager_losses == (big, big) and two.eager_loss is None
