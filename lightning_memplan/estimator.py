@@ -404,7 +404,8 @@ def profile_region(
     act_readers: frozenset[str] = frozenset()
     if activation_inputs is not None and shared:
         act_keys = fws.keys_of(activation_inputs) & fws.input_keys
-        saved_acts = {k for p in placeholders if p.name not in tangents for k in set(bws.produced[p.name]) & act_keys}
+        saved_acts = {k for p in placeholders if p.name not in tangents
+                      for k in set(bws.produced[p.name]) & act_keys}
         saves_acts = bool(saved_acts)
         act_readers = frozenset(n for k in saved_acts for n in bws.readers.get(k, ()) if n != "output")
     tangent_keys = bws.keys_of(tangents) & bws.input_keys

@@ -668,7 +668,7 @@ def _layout(
     its incoming gradient (``tangent_last_use``; unknown: the whole backward), then freed: an
     eager loss's gradients of the outputs, handed to that backward instead of its own tangents.
     ``early[j]``: ``{i: bytes}`` of position ``i``'s outputs that position ``j``'s backward held
-    last (an activation input it saved; measured on the compiling run): they die after its last
+    last (an activation input it saved; watched on a run of the compiled step): they die after its last
     read of its activation inputs (``input_last_use``; unknown: its end) instead of when position
     ``i``'s backward starts.
 
