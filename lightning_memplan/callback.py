@@ -29,7 +29,7 @@ from typing_extensions import override
 from ._compat import isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
-from .eager_loss import EagerLoss, NotedOutputs, measure_eager_losses
+from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses
 from .plan import MemPlan
 from .planner import (
     PlanSettings,
@@ -256,10 +256,9 @@ class MemPlanCallback(Callback):
         #: one per call of the forward; empty when it was not measured (under FSDP or tensor
         #: parallelism, a failure).
         self.eager_losses: tuple[EagerLoss, ...] = ()
-        # per call of the first batch's forward: its outputs and the peak of the eager code after
-        # it; None once measured or dropped
-        self._outputs: list[NotedOutputs] | None = None
-        self._eager_window: Any = None  # open from a call's return to the next call or the backward
+        # the first batch's calls of the forward and the eager code after each; None once
+        # measured or dropped
+        self._outputs: EagerCalls | None = None
         self._first_batch: Any = None
         self._collectives = False  # the planned module's forward runs collectives (FSDP, TP)
 
@@ -362,33 +361,25 @@ class MemPlanCallback(Callback):
         return out
 
     def _note_outputs(self, out: Any) -> None:
-        """Note this call's outputs (:class:`~lightning_memplan.eager_loss.NotedOutputs`: nothing
-        that keeps them alive) for :meth:`on_before_backward`, and open a window on the eager code
-        that follows (until the next call or the backward)."""
-        from .measure import PeakWindow
-
+        """Note this call's outputs (nothing that keeps them alive) for :meth:`on_before_backward`,
+        and open a window on the eager code that follows (:class:`~lightning_memplan.eager_loss.EagerCalls`)."""
         if self._outputs is None:
             if self.forward_calls_per_step > 1:
                 return  # an earlier call could not be noted: nothing is measured for this step
-            self._outputs = []
+            self._outputs = EagerCalls(self._device())
         try:
-            self._outputs.append(NotedOutputs.of(out))
-            self._eager_window = PeakWindow(self._device())
-            self._eager_window.__enter__()
+            self._outputs.returned(out)
         except Exception:  # noqa: BLE001 - no eager-loss measurement then
-            self._outputs = self._eager_window = None
+            self._outputs = None
 
     def _close_eager_window(self) -> None:
-        """End the window on the eager code after the last noted call; its peak goes with that call."""
-        window, self._eager_window = self._eager_window, None
-        if window is None:
+        """End the window on the eager code after the last noted call (see :meth:`_note_outputs`)."""
+        if self._outputs is None:
             return
         try:
-            window.__exit__(None, None, None)
-        except Exception:  # noqa: BLE001 - measured without it
-            return
-        if self._outputs:
-            self._outputs[-1].forward_peak_bytes = int(window.peak_bytes)
+            self._outputs.close()
+        except Exception:  # noqa: BLE001 - no eager-loss measurement then
+            self._outputs = None
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
@@ -397,7 +388,7 @@ class MemPlanCallback(Callback):
         self._close_eager_window()
         outputs, self._outputs = self._outputs, None
         if (outputs is None or self._fit_batches != 1 or self.plan is None or self.fallback_reason is not None
-                or len(outputs) != self.forward_calls_per_step or not any(o.edges for o in outputs)
+                or len(outputs.calls) != self.forward_calls_per_step or not any(o.edges for o in outputs.calls)
                 or not isinstance(loss, torch.Tensor) or loss.grad_fn is None):
             return
         module = self._module
@@ -406,7 +397,7 @@ class MemPlanCallback(Callback):
 
         batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
         try:
-            self.eager_losses = measure_eager_losses(loss, [o.now() for o in outputs],
+            self.eager_losses = measure_eager_losses(loss, outputs.now(),
                                                      exclude=[*module.parameters(), *batch], device=self._device())
         except Exception as exc:  # noqa: BLE001 - the forecast goes on without it
             rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
@@ -627,9 +618,7 @@ class MemPlanCallback(Callback):
         losses (``EagerLoss.held_inner_bytes``)."""
         if not any(m.inner_outputs for m in self.eager_losses):
             return
-        from ._compat import storage_key, tree_leaves
-
-        returned = {storage_key(t) for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)}
+        returned = storage_keys(outputs)
         self.eager_losses = tuple(
             dataclasses.replace(m, held_inner_bytes=sum(b for k, b in m.inner_outputs if k in returned))
             for m in self.eager_losses)

@@ -28,7 +28,7 @@ from torch.autograd.graph import GradientEdge
 from . import _compat
 from .measure import PeakWindow
 
-__all__ = ["CallOutputs", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss",
+__all__ = ["CallOutputs", "EagerCalls", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss",
            "measure_eager_losses"]
 
 
@@ -173,6 +173,37 @@ class NotedOutputs:
                            alive=[t for t in (r() for r in self.refs) if t is not None],
                            forward_peak_bytes=self.forward_peak_bytes, edge_keys=tuple(self.edge_keys),
                            edge_bytes=tuple(self.edge_bytes))
+
+
+class EagerCalls:
+    """The calls of the compiled forward in one step, each noted when it returned
+    (:class:`NotedOutputs`), with a :class:`~lightning_memplan.measure.PeakWindow` on the eager code
+    after each: from its return (:meth:`returned`) to :meth:`close` (called before the next call
+    and where the backward starts); its peak is that call's ``forward_peak_bytes``."""
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = device
+        self.calls: list[NotedOutputs] = []
+        self._window: PeakWindow | None = None
+
+    def returned(self, out: Any) -> None:
+        """A call returned ``out``: note it and open the window on the eager code after it."""
+        self.close()
+        self.calls.append(NotedOutputs.of(out))
+        self._window = PeakWindow(self.device)
+        self._window.__enter__()
+
+    def close(self) -> None:
+        """End the open window, if any; its peak goes with the last call."""
+        window, self._window = self._window, None
+        if window is None:
+            return
+        window.__exit__(None, None, None)
+        self.calls[-1].forward_peak_bytes = int(window.peak_bytes)
+
+    def now(self) -> list[CallOutputs]:
+        """What is left of every call's outputs now, for :func:`measure_eager_losses`."""
+        return [c.now() for c in self.calls]
 
 
 def _reach(root: Any, stops: dict[int, int]) -> tuple[dict[int, Any], dict[int, frozenset[int]]]:

@@ -332,9 +332,10 @@ def rejudge_plan(
         ValueError: ``forecasts`` does not match ``plan.candidates``.
     """
     def judge(fc: Any) -> tuple[int, int | None]:
-        laid = fc.with_inputs_made_in_step(made_input_bytes) if made_input_bytes else fc
-        laid = laid.repeated(calls, new_input_bytes) if calls > 1 else laid
-        return lightning_step_memory(laid.with_eager_loss(eager_loss) if eager_loss else laid, grads, loop)
+        losses = (eager_loss,) if isinstance(eager_loss, EagerLoss) else tuple(eager_loss or ())
+        return lightning_step_memory(_step_forecast(fc, calls=calls, new_input_bytes=new_input_bytes,
+                                                    eager_losses=losses, made_input_bytes=made_input_bytes),
+                                     grads, loop)
 
     try:
         new = rejudge(plan, forecasts, judge, max_memory=settings.max_memory, solver=settings.solver)
@@ -388,6 +389,17 @@ def storage_keys(*trees: Any) -> set[int]:
     return keys
 
 
+def _step_forecast(fc: Any, *, calls: int, new_input_bytes: int | Sequence[int], eager_losses: Sequence[EagerLoss],
+                   made_input_bytes: int) -> Any:
+    """``fc`` laid out with the first call's inputs the step made, for ``calls`` calls, with the
+    eager losses (one per call) laid in; nothing is compiled."""
+    if made_input_bytes:
+        fc = fc.with_inputs_made_in_step(made_input_bytes)
+    if calls > 1:
+        fc = fc.repeated(calls, new_input_bytes=new_input_bytes)
+    return fc.with_eager_loss(tuple(eager_losses)) if eager_losses else fc
+
+
 def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | Sequence[int] = 0,
                  eager_losses: Sequence[EagerLoss] = (), made_input_bytes: int = 0,
                  loop: TrainingLoop = TrainingLoop()) -> tuple[MemPlan, Any]:
@@ -401,12 +413,8 @@ def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | S
     raises."""
     if (calls <= 1 and not eager_losses and not made_input_bytes) or fc is None or fc.peak_bytes is None:
         return plan, fc
-    if made_input_bytes:
-        fc = fc.with_inputs_made_in_step(made_input_bytes)
-    if calls > 1:
-        fc = fc.repeated(calls, new_input_bytes=new_input_bytes)
-    if eager_losses:
-        fc = fc.with_eager_loss(tuple(eager_losses))
+    fc = _step_forecast(fc, calls=calls, new_input_bytes=new_input_bytes, eager_losses=eager_losses,
+                        made_input_bytes=made_input_bytes)
     baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), loop)
     breakdown = ({**plan.breakdown, "activations": fc.breakdown.activations, "inputs": fc.breakdown.inputs}
                  if fc.breakdown else plan.breakdown)

@@ -10,6 +10,7 @@ it without searching again.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,8 +23,7 @@ from torch import nn
 
 from . import _compat
 from .checkpointing import CheckpointPolicy, checkpointed
-from .eager_loss import EagerLoss, NotedOutputs, measure_eager_losses
-from .measure import PeakWindow
+from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses
 from .plan import MemPlan
 from .planner import (
     PlanSettings,
@@ -120,30 +120,21 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
     if not model.automatic_optimization:
         return None
     original = target.forward
-    noted: list[NotedOutputs] = []
+    eager = EagerCalls(device)
     inputs: list[dict[int, int]] = []
     first: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-    window: list[PeakWindow] = []
-
-    def close() -> None:
-        if window:
-            w = window.pop()
-            w.__exit__(None, None, None)
-            noted[-1].forward_peak_bytes = int(w.peak_bytes)
 
     def leaf(t: Any) -> Any:
         return t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
 
     def probe(*args: Any, **kwargs: Any) -> Any:
-        close()
+        eager.close()
         if not first:
             first.append((args, kwargs))
         inputs.append(input_storages(args, kwargs))
         with torch.no_grad():
             out = _compat.tree_map(leaf, original(*args, **kwargs))
-        noted.append(NotedOutputs.of(out))
-        window.append(PeakWindow(device))
-        window[-1].__enter__()
+        eager.returned(out)
         return out
 
     metrics = _metric_states(model)
@@ -154,7 +145,8 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
     try:
         with torch.enable_grad():
             result = model.training_step(batch, 0)
-        close()
+        eager.close()
+        noted = eager.calls
         loss = result.get("loss") if isinstance(result, dict) else result
         if not first or not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not any(n.edges for n in noted):
             return None
@@ -164,7 +156,7 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         # training_step returned stay alive in fit (the loss's saved ones are found by the walk)
         returned = {id(t) for t in _compat.tree_leaves(result) if isinstance(t, torch.Tensor)}
         calls = [dataclasses.replace(c, alive=[t for t in c.alive if id(t) in returned])
-                 for c in (n.now() for n in noted)]
+                 for c in eager.now()]
         losses = measure_eager_losses(loss, calls, exclude=params_and_batch, device=device)
         before = storage_keys(batch, target)
         return _ProbedStep(args=first[0][0], kwargs=first[0][1], calls=len(noted),
@@ -175,8 +167,8 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
                        f"({exc!r}); planning the compiled forward alone.")
         return None
     finally:
-        while window:
-            window.pop().__exit__(None, None, None)
+        with contextlib.suppress(Exception):
+            eager.close()
         for obj, name, value in saved:
             if value is _MISSING:
                 obj.__dict__.pop(name, None)
