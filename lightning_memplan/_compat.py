@@ -464,6 +464,59 @@ def fsdp2_active_unit(groups: Sequence[Any]) -> int | None:
     return active[-1] if active else None
 
 
+def fsdp2_only(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s sharding is FSDP2 alone: it has ``fully_shard`` units, no FSDP1 wrapper,
+    and every DTensor parameter lies on a one-dimensional mesh (no tensor parallelism)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    mods = list(model.modules())
+    if not any(isinstance(m, FSDPModule) for m in mods) or any(isinstance(m, FullyShardedDataParallel) for m in mods):
+        return False
+    return all(p.device_mesh.ndim == 1 for p in model.parameters() if isinstance(p, DTensor))
+
+
+@contextlib.contextmanager
+def fsdp2_backward_hooks_inert(model: torch.nn.Module) -> Iterator[None]:
+    """While inside, FSDP2's pre-backward hooks (on every unit's forward outputs) do nothing: no
+    all-gather, no prefetch, no final callback queued; each unit's training state is put back on
+    exit. For a partial backward that only measures (the loss down to the compiled forward's
+    outputs, :func:`~lightning_memplan.eager_loss.measure_eager_losses`) in the middle of a step.
+
+    Raises:
+        RuntimeError: this torch's FSDP2 internals differ (the measurement is then skipped).
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    except ImportError as exc:
+        raise RuntimeError(f"FSDP2's internals are not where torch {torch.__version__} was expected "
+                           f"to keep them ({exc})") from exc
+    patched = [(FSDPState, "_register_root_post_backward_final_callback"), (FSDPParamGroup, "pre_backward"),
+               (FSDPParamGroup, "_prefetch_unshard")]
+    if not all(callable(getattr(cls, name, None)) for cls, name in patched):
+        raise RuntimeError(f"FSDP2's pre-backward internals differ in torch {torch.__version__}")
+    states = [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
+    saved_states = [s._training_state for s in states]
+    saved = [(cls, name, cls.__dict__[name]) for cls, name in patched]
+
+    def inert(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    try:
+        for cls, name, _ in saved:
+            setattr(cls, name, inert)
+        yield
+    finally:
+        for cls, name, orig in saved:
+            setattr(cls, name, orig)
+        for state, training_state in zip(states, saved_states):
+            state._training_state = training_state
+
+
 # --------------------------------------------------------------------------- tensors and pytrees
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``t``: a DTensor's local shard (FSDP2, tensor parallelism), else ``t``."""

@@ -26,7 +26,7 @@ from tabulate import tabulate
 from torch import nn
 from typing_extensions import override
 
-from ._compat import isolated_compile_kwargs, recompile_limit
+from ._compat import fsdp2_backward_hooks_inert, fsdp2_only, isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
 from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses
@@ -253,14 +253,21 @@ class MemPlanCallback(Callback):
         self._warned_dynamic = self._warned_shapes = False
         #: The eager code between the forward and the backward (the loss training_step computes on
         #: the outputs, metrics, logging), measured on the first batch and laid into the forecasts:
-        #: one per call of the forward; empty when it was not measured (under FSDP or tensor
-        #: parallelism, a failure).
+        #: one per call of the forward; empty when it was not measured (under FSDP1 or tensor
+        #: parallelism, a failure). Under FSDP2 the partial backward that measures it runs with
+        #: FSDP's pre-backward hooks made inert (``_compat.fsdp2_backward_hooks_inert``).
         self.eager_losses: tuple[EagerLoss, ...] = ()
         # the first batch's calls of the forward and the eager code after each; None once
         # measured or dropped
         self._outputs: EagerCalls | None = None
         self._first_batch: Any = None
         self._collectives = False  # the planned module's forward runs collectives (FSDP, TP)
+        self._fsdp2 = False  # ... FSDP2's alone: the eager code after it is measured all the same
+        #: A plan chosen outside the forward (judged again after the first batch, or re-planned)
+        #: while the forward runs collectives: installed at the next training call of the forward,
+        #: where FSDP has unsharded the parameters its forecast reads.
+        self._pending: MemPlan | None = None
+        self._discard_window = False  # the open window saw a plan installed (its forecast ran)
 
     @property
     def state_key(self) -> str:
@@ -336,6 +343,11 @@ class MemPlanCallback(Callback):
         if self.plan is None and self.fallback_reason is None and in_training and torch.is_grad_enabled():
             self._example = (args, kwargs)
             self._activate()
+        elif self._pending is not None and in_training and torch.is_grad_enabled():
+            plan, self._pending = self._pending, None
+            self._example = (args, kwargs)
+            self._discard_window = self._window is not None
+            self._install(plan)
         fn = self._active_forward
         if fn is None:
             return self._orig_forward(*args, **kwargs)
@@ -354,9 +366,9 @@ class MemPlanCallback(Callback):
                 self._planned_shapes = self._watch.compiles[0].input_shapes
         else:
             out = fn(*args, **kwargs)
-        # not under FSDP / tensor parallelism: their pre-backward hooks sit on the outputs, and a
-        # partial backward through the loss would unshard
-        if noting and not self._collectives:
+        # not under FSDP1 / tensor parallelism: their pre-backward hooks sit on the outputs, and a
+        # partial backward through the loss would unshard (FSDP2's are made inert while it runs)
+        if noting and (not self._collectives or self._fsdp2):
             self._note_outputs(out)
         return out
 
@@ -397,8 +409,9 @@ class MemPlanCallback(Callback):
 
         batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
         try:
-            self.eager_losses = measure_eager_losses(loss, outputs.now(),
-                                                     exclude=[*module.parameters(), *batch], device=self._device())
+            with fsdp2_backward_hooks_inert(module) if self._fsdp2 else contextlib.nullcontext():
+                self.eager_losses = measure_eager_losses(loss, outputs.now(), exclude=[*module.parameters(), *batch],
+                                                         device=self._device())
         except Exception as exc:  # noqa: BLE001 - the forecast goes on without it
             rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
                            "the compiled graphs only.")
@@ -524,10 +537,20 @@ class MemPlanCallback(Callback):
                 "and optimizer state, and the activations of the compiled graphs; the unsharded parameters "
                 "and communication buffers are not forecast, so the measured peak "
                 "(memplan/measured_peak_bytes) will be higher than predicted.", MemPlanWarning, stacklevel=2)
+        trainable = any(p.requires_grad for p in module.parameters())
+        if fc is not None and trainable and fc.compiled_parameter_bytes == 0:
+            warnings.warn(
+                "MemPlanCallback: dynamo compiled none of the forward's own computation (no compiled graph reads "
+                "a trainable parameter): it ran it eagerly, so the plan changes nothing and the forecast misses "
+                "the activations. A graph break inside a loop makes dynamo skip the whole frame: under FSDP2 "
+                "every unit's hooks break the graph, and the blocks' own forwards are compiled only when their "
+                "class is user code, not torch's (wrap an nn.TransformerEncoderLayer in a module of your own). "
+                "Run with TORCH_LOGS=graph_breaks to see where.", MemPlanWarning, stacklevel=2)
         self.forecast = fc
         self.plan = plan
         self._watch, self._watch_seen = watch, 0
         self._collectives = forward_has_collectives(module)
+        self._fsdp2 = self._collectives and fsdp2_only(module)
         if not self._may_replan() and self._fit_batches > 1:
             self._example = None  # no re-plan can follow: do not hold on to the first batch
         self._active_forward = compiled
@@ -602,6 +625,8 @@ class MemPlanCallback(Callback):
                 self._example = None  # no re-plan can follow: do not hold on to the first batch
         self._check_recompiles()
         peak = self._close_window()
+        if self._discard_window:  # a plan was installed (forecast, compiled) inside this window
+            self._discard_window, peak = False, None
         if peak is None:
             self._window_streak = 0
             return
@@ -671,7 +696,16 @@ class MemPlanCallback(Callback):
         if same:
             self.plan = dataclasses.replace(plan, candidates=new.candidates, knee=new.knee, reason=new.reason)
             return
-        self._install(new)
+        self._install_soon(new)
+
+    def _install_soon(self, plan: MemPlan) -> None:
+        """Install ``plan`` now, or, when the forward runs collectives (FSDP, tensor parallelism),
+        at its next training call: a forecast of the module outside its forward would read the
+        sharded parameters."""
+        if self._collectives:
+            self._pending = plan
+        else:
+            self._install(plan)
 
     def _forecast_step(self) -> None:
         """Lay the forecast out for the step the first batch showed (nothing is compiled) and
@@ -744,7 +778,7 @@ class MemPlanCallback(Callback):
             f"MemPlanCallback: measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds "
             f"max_memory {format_bytes(self._max_memory)}; re-planning once with {new.label} ({expect}), "
             "recompiling, and going on.", MemPlanWarning, stacklevel=2)
-        self._install(dataclasses.replace(
+        self._install_soon(dataclasses.replace(
             plan, budget=new.budget, checkpoint=new.checkpoint, predicted_peak_bytes=new.peak_bytes,
             solver=new.solver or (plan.solver if plan.solver != "remat" else self._settings.solver_name),
             reason=f"re-planned: measured {format_bytes(measured)} over max_memory"))

@@ -345,6 +345,17 @@ class Forecast:
         return dataclasses.replace(self, _step=None, _backend=None,  # type: ignore[arg-type]
                                    regions=tuple(dataclasses.replace(r, _graphs=(None, None)) for r in self.regions))
 
+    @property
+    def compiled_parameter_bytes(self) -> int | None:
+        """Bytes of the trainable parameters the compiled graphs take as inputs (each region's
+        unique storages, summed over regions): 0 when dynamo compiled none of the model's own
+        computation (it ran the forward eagerly, e.g. after a graph break inside a loop over
+        FSDP2 units of a torch-internal block class); ``None`` when unknown (a detached forecast)."""
+        backend = self._backend
+        if backend is None:
+            return None
+        return int(sum(r.param_grad_bytes for r in backend.regions))
+
     @functools.cached_property
     def torch_fx_estimate_bytes(self) -> int | None:
         """torch's FX-level estimate of the step in bytes (the regions' ``torch_fx_peak_bytes``

@@ -416,8 +416,11 @@ def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | S
     fc = _step_forecast(fc, calls=calls, new_input_bytes=new_input_bytes, eager_losses=eager_losses,
                         made_input_bytes=made_input_bytes)
     baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), loop)
-    breakdown = ({**plan.breakdown, "activations": fc.breakdown.activations, "inputs": fc.breakdown.inputs}
-                 if fc.breakdown else plan.breakdown)
+    breakdown = dict(plan.breakdown)
+    if fc.breakdown:
+        breakdown.update(activations=fc.breakdown.activations, inputs=fc.breakdown.inputs)
+        if "fsdp_buffers" in breakdown:  # those live at the new peak
+            breakdown["fsdp_buffers"] = fc.breakdown.fsdp_buffers
     return dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline, breakdown=breakdown), fc
 
 

@@ -72,8 +72,8 @@ class WideHead(TinyNet):
     """A classifier over many classes, its loss computed in training_step (eager): cross_entropy
     keeps a log-softmax as large as the logits, and its backward makes two more."""
 
-    def __init__(self, classes: int = 4000) -> None:
-        super().__init__(width=32, batch=128, batches=3)
+    def __init__(self, classes: int = 4000, batches: int = 3) -> None:
+        super().__init__(width=32, batch=128, batches=batches)
         self.head = torch.nn.Linear(32, classes)
         self._classes = classes
 

@@ -143,6 +143,35 @@ def test_graph_breaks_give_several_regions(tmp_path: Path) -> None:
     assert len(cb.forecast.regions) >= 2  # the forecast adds the loss after the break
 
 
+@torch.compiler.disable
+def _eager_body(net: TinyNet, x: torch.Tensor) -> torch.Tensor:
+    for b in net.blocks:
+        x = b(x)
+    return net.head(x)
+
+
+class _NeverCompiledNet(TinyNet):
+    """Its whole computation runs where dynamo does not trace, as under FSDP2 a loop over units of
+    torch's own block class does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _eager_body(self, x)
+
+
+def test_a_forward_dynamo_compiles_nothing_of_warns(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.5, backend="aot_eager", verbose=False, log_plots=False)
+    with pytest.warns(MemPlanWarning, match=r"dynamo compiled none of the forward's own computation"):
+        _trainer(tmp_path, cb, epochs=1).fit(_NeverCompiledNet())
+    assert cb.forecast is not None and cb.forecast.compiled_parameter_bytes == 0
+    # a model dynamo compiles does not warn: its blocks' and head's parameters are graph inputs
+    cb = MemPlanCallback(0.5, backend="aot_eager", verbose=False, log_plots=False)
+    model = TinyNet()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemPlanWarning)
+        _trainer(tmp_path, cb, epochs=1).fit(model)
+    assert cb.forecast.compiled_parameter_bytes == sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def test_plan_file_is_reused_without_search(tmp_path: Path) -> None:
     path = MemPlan(budget=0.2, solver="greedy", reason="tuned earlier").save(tmp_path / "plan.json")
     cb = MemPlanCallback(plan=str(path), backend="aot_eager")
