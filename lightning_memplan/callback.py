@@ -408,10 +408,13 @@ class MemPlanCallback(Callback):
         from ._compat import tree_leaves
 
         batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
+        # in the baseline: the whole LightningModule's parameters and buffers (a head outside the
+        # planned submodule saves its weight for backward), and the batch
+        baseline = [*pl_module.parameters(), *pl_module.buffers(), *module.parameters(), *batch]
         try:
             with fsdp2_backward_hooks_inert(module) if self._fsdp2 else contextlib.nullcontext():
-                self.eager_losses = measure_eager_losses(loss, outputs.now(), exclude=[*module.parameters(), *batch],
-                                                         device=self._device())
+                self.eager_losses = measure_eager_losses(loss, outputs.now(), exclude=baseline,
+                                                         forecast_params=module.parameters(), device=self._device())
         except Exception as exc:  # noqa: BLE001 - the forecast goes on without it
             rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
                            "the compiled graphs only.")

@@ -64,6 +64,10 @@ class EagerLoss:
     #: Of those, the bytes ``training_step`` returned: Lightning keeps them (detached) through the
     #: backward, so they do not die early (see ``Forecast.with_eager_loss``). Set by the caller.
     held_inner_bytes: int = 0
+    #: Gradients of the trainable parameters that only the eager code reads (a head outside the
+    #: planned submodule): the loss's backward makes them, after its peak, and they live on to the
+    #: optimizer step. Parameters the forecast's graphs read are not counted here.
+    param_grad_bytes: int = 0
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:
@@ -75,11 +79,13 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
       the loss's kept tensors), then its transients freed, then the outputs that are not kept;
     - before its backward: the loss's backward peak (the outputs' gradients it ends with
       included), then all of it but those gradients freed with the kept tensors;
-    - after its backward: the kept outputs freed (taken to live through the whole region's backward).
+    - after its backward: the kept outputs freed (taken to live through the whole region's backward);
+    - the gradients of the parameters only the eager code reads (``param_grad_bytes``), made at the
+      end of the loss's backward, category ``"gradients"``, never freed in the step.
 
     The outputs' gradients themselves are handed to the region's backward and die at its last read
     of its incoming gradient: ``_layout``'s ``bw_hold`` (``output_grad_bytes``), not an event here.
-    Category ``"activations"``. The events sum to zero.
+    Category ``"activations"`` but for those gradients. The events sum to ``param_grad_bytes``.
     """
     a = "activations"
     dropped = loss.outputs_bytes - loss.outputs_kept_bytes
@@ -90,7 +96,9 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
     return {
         ("fw", last, "after"): [*forward, ("eager_outputs_freed", a, -dropped)],
         ("bw", last, "before"): [("eager_loss_backward", a, loss.backward_peak_bytes),
-                                 ("eager_loss_backward_end", a, -loss.backward_peak_bytes - loss.kept_bytes)],
+                                 ("eager_loss_backward_end", a, -loss.backward_peak_bytes - loss.kept_bytes),
+                                 *([("eager_parameter_gradients", "gradients", loss.param_grad_bytes)]
+                                   if loss.param_grad_bytes else [])],
         ("bw", last, "after"): [("eager_outputs_freed_after_backward", a, -loss.outputs_kept_bytes)],
     }
 
@@ -249,12 +257,16 @@ def _inner_edges(calls: Sequence[CallOutputs]) -> set[tuple[int, int]]:
 
 def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                          exclude: Iterable[torch.Tensor] = (),
+                         forecast_params: Iterable[torch.Tensor] = (),
                          device: str | torch.device | None = None) -> tuple[EagerLoss, ...]:
     """Measure the eager code between the compiled forward's calls and the backward on a real
     step, one :class:`EagerLoss` per call (in call order).
 
     Call it where the backward is about to start (Lightning's ``on_before_backward``). ``exclude``:
-    tensors whose storages are counted elsewhere (parameters, the batch). The loss's autograd
+    tensors whose storages are counted elsewhere (parameters, the batch); ``forecast_params``: the
+    parameters whose gradients the forecast counts (the planned module's): the gradients of the
+    other trainable parameters the loss's graph reaches are :attr:`EagerLoss.param_grad_bytes`
+    (of the call that owns their node, as saved tensors are). The loss's autograd
     nodes are walked down to the calls' outputs: a node's saved tensors belong to the last call
     whose outputs it reaches (a term of one call's loss: that call; a term that combines several
     calls, or none: the last), each storage once. Each call's part of the loss's backward is run
@@ -279,11 +291,17 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
     excluded = {_compat.storage_key(t) for t in exclude}.union(
         *({k for k in h if k in c.live_outputs} for h, c in zip(held, calls)))
     last = len(calls) - 1
+    planned = {id(p) for p in forecast_params}
     kept: dict[int, tuple[int, int]] = {}  # storage -> (call, bytes)
+    param_grads = [0] * len(calls)
     for key, node in nodes.items():
         if key in stops:
             continue
         owner = max(reach[key], default=last)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf's gradient
+        if isinstance(variable, torch.Tensor) and variable.requires_grad and id(variable) not in planned:
+            local = _compat.local_tensor(variable)
+            param_grads[owner] += int(local.numel() * local.element_size())
         for t in _saved_tensors(node):
             s = _compat.storage_key(t)
             if s not in excluded:
@@ -310,7 +328,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                              kept_bytes=int(sum(mine.values()) - outputs_kept),
                              backward_peak_bytes=max(peak, grad_bytes), output_grad_bytes=grad_bytes,
                              forward_peak_bytes=int(call.forward_peak_bytes),
-                             inner_outputs=tuple(sorted(held[c].items()))))
+                             inner_outputs=tuple(sorted(held[c].items())), param_grad_bytes=param_grads[c]))
     return tuple(out)
 
 

@@ -331,11 +331,13 @@ def rejudge_plan(
     Raises:
         ValueError: ``forecasts`` does not match ``plan.candidates``.
     """
+    losses, eager_grads = _as_laid_in((eager_loss,) if isinstance(eager_loss, EagerLoss) else tuple(eager_loss or ()),
+                                      loop)
+
     def judge(fc: Any) -> tuple[int, int | None]:
-        losses = (eager_loss,) if isinstance(eager_loss, EagerLoss) else tuple(eager_loss or ())
         return lightning_step_memory(_step_forecast(fc, calls=calls, new_input_bytes=new_input_bytes,
                                                     eager_losses=losses, made_input_bytes=made_input_bytes),
-                                     grads, loop)
+                                     grads + eager_grads, loop)
 
     try:
         new = rejudge(plan, forecasts, judge, max_memory=settings.max_memory, solver=settings.solver)
@@ -389,6 +391,19 @@ def storage_keys(*trees: Any) -> set[int]:
     return keys
 
 
+def _as_laid_in(losses: Sequence[EagerLoss], loop: TrainingLoop) -> tuple[tuple[EagerLoss, ...], int]:
+    """The eager losses as a Lightning step ``loop`` lays them in, and the bytes of the gradients of
+    the parameters only their eager code reads (``EagerLoss.param_grad_bytes``). Under automatic
+    optimization those gradients are live when a step starts, like the planned module's, and
+    ``zero_grad`` frees them before the backward makes them again (:func:`lightning_step_memory`
+    takes them with the others). With ``accumulate_grad_batches`` > 1, ``AccumulateGrad`` sums the
+    new ones into them in place: a transient, not laid in."""
+    grads = sum(m.param_grad_bytes for m in losses)
+    if loop.automatic_optimization and loop.accumulate_grad_batches > 1:
+        losses = [dataclasses.replace(m, param_grad_bytes=0) for m in losses]
+    return tuple(losses), grads
+
+
 def _step_forecast(fc: Any, *, calls: int, new_input_bytes: int | Sequence[int], eager_losses: Sequence[EagerLoss],
                    made_input_bytes: int) -> Any:
     """``fc`` laid out with the first call's inputs the step made, for ``calls`` calls, with the
@@ -413,12 +428,14 @@ def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | S
     raises."""
     if (calls <= 1 and not eager_losses and not made_input_bytes) or fc is None or fc.peak_bytes is None:
         return plan, fc
-    fc = _step_forecast(fc, calls=calls, new_input_bytes=new_input_bytes, eager_losses=eager_losses,
+    losses, eager_grads = _as_laid_in(eager_losses, loop)
+    fc = _step_forecast(fc, calls=calls, new_input_bytes=new_input_bytes, eager_losses=losses,
                         made_input_bytes=made_input_bytes)
-    baseline, peak = lightning_step_memory(fc, plan.breakdown.get("gradients", 0), loop)
+    grads = plan.breakdown.get("gradients", 0) + eager_grads
+    baseline, peak = lightning_step_memory(fc, grads, loop)
     breakdown = dict(plan.breakdown)
     if fc.breakdown:
-        breakdown.update(activations=fc.breakdown.activations, inputs=fc.breakdown.inputs)
+        breakdown.update(activations=fc.breakdown.activations, inputs=fc.breakdown.inputs, gradients=grads)
         if "fsdp_buffers" in breakdown:  # those live at the new peak
             breakdown["fsdp_buffers"] = fc.breakdown.fsdp_buffers
     return dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline, breakdown=breakdown), fc

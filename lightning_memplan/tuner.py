@@ -150,14 +150,15 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         loss = result.get("loss") if isinstance(result, dict) else result
         if not first or not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not any(n.edges for n in noted):
             return None
-        params_and_batch = [*model.parameters(),
+        params_and_batch = [*model.parameters(), *model.buffers(),
                             *(t for t in _compat.tree_leaves(batch) if isinstance(t, torch.Tensor))]
         # a leaf is held by its AccumulateGrad node, so every output looks alive here: only those
         # training_step returned stay alive in fit (the loss's saved ones are found by the walk)
         returned = {id(t) for t in _compat.tree_leaves(result) if isinstance(t, torch.Tensor)}
         calls = [dataclasses.replace(c, alive=[t for t in c.alive if id(t) in returned])
                  for c in eager.now()]
-        losses = measure_eager_losses(loss, calls, exclude=params_and_batch, device=device)
+        losses = measure_eager_losses(loss, calls, exclude=params_and_batch, forecast_params=target.parameters(),
+                                      device=device)
         before = storage_keys(batch, target)
         return _ProbedStep(args=first[0][0], kwargs=first[0][1], calls=len(noted),
                            fresh=fresh_input_bytes(inputs, len(noted), before), eager_losses=losses,

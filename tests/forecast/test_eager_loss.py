@@ -65,6 +65,30 @@ def test_a_loss_without_the_outputs_is_refused() -> None:
         measure_eager_loss(torch.tensor(1.0), edges, outputs_bytes=0)
 
 
+def test_parameters_only_the_eager_code_reads_have_their_gradients_counted() -> None:
+    """An eager head (and a learnable temperature) on the compiled model's outputs: their
+    gradients are made by the loss's backward; the compiled model's parameters are not reached
+    (the walk stops at its outputs), and ``forecast_params`` leaves out one read by both."""
+    model, _, feats = _compiled_head(32)
+    head, temperature = nn.Linear(32, 1000), nn.Parameter(torch.ones(()))
+    target = torch.arange(64) % 1000
+    loss = F.cross_entropy(head(feats) / temperature, target)
+    call = NotedOutputs.of(feats)
+    del feats
+    baseline = [*model.parameters(), *head.parameters(), temperature, target]
+    (m,) = measure_eager_losses(loss, [call.now()], exclude=baseline)
+    head_bytes = (32 * 1000 + 1000) * 4
+    assert m.param_grad_bytes == head_bytes + 4
+    (m,) = measure_eager_losses(loss, [call.now()], exclude=baseline, forecast_params=[head.weight])
+    assert m.param_grad_bytes == 1000 * 4 + 4
+    # laid in: made at the end of the loss's backward, in the gradients, never freed in the step
+    events = eager_loss_events(m, 0)
+    assert ("eager_parameter_gradients", "gradients", m.param_grad_bytes) in events[("bw", 0, "before")]
+    assert sum(d for evs in events.values() for _, _, d in evs) == m.param_grad_bytes
+    loss.backward()
+    assert head.weight.grad is not None and temperature.grad is not None
+
+
 def test_events_and_the_forecast_laid_out_with_them() -> None:
     loss = EagerLoss(outputs_bytes=1000, outputs_kept_bytes=200, kept_bytes=3000, backward_peak_bytes=5000,
                      output_grad_bytes=1000)
