@@ -141,7 +141,7 @@ class MemPlanCallback(Callback):
     - ``memplan/budget``: the activation memory budget in force
     - ``memplan/checkpointed_blocks``: number of blocks wrapped in activation checkpointing
     - ``memplan/baseline_bytes``: bytes live before a step (parameters, buffers, batch, optimizer
-      state, the previous step's gradients)
+      state, the previous step's gradients; of the whole LightningModule, also outside ``submodule``)
     - ``memplan/activations_bytes``, ``memplan/parameters_bytes``, ``memplan/gradients_bytes``,
       ``memplan/optimizer_state_bytes``: the forecast breakdown
     - ``memplan/fsdp_buffers_bytes`` (FSDP2 only): FSDP's all-gathered parameters and communication
@@ -497,7 +497,7 @@ class MemPlanCallback(Callback):
 
     def _loop(self) -> TrainingLoop:
         """How the Trainer runs this module's training step (accumulation, manual optimization)."""
-        return TrainingLoop.of(self._trainer, self._lit)
+        return TrainingLoop.of(self._trainer, self._lit, self._module)
 
     def _optimizer(self) -> torch.optim.Optimizer | None:
         trainer = self._trainer

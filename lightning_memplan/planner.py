@@ -157,18 +157,33 @@ class TrainingLoop:
     automatic_optimization: bool = True
     """The LightningModule's flag; ``False``: ``training_step`` calls ``zero_grad``, ``manual_backward``
     and ``step`` itself, in an order the plan cannot see."""
+    resident_bytes: int = 0
+    """Bytes of the LightningModule's parameters and buffers outside the planned submodule (a head
+    ``training_step`` runs eagerly): live through every step, in the baseline, not in the forecast
+    of the planned module. 0 when the whole LightningModule is planned."""
 
     def __post_init__(self) -> None:
         n = self.accumulate_grad_batches
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`accumulate_grad_batches={n!r}` must be an int >= 1 (Lightning's Trainer argument).")
+        if isinstance(self.resident_bytes, bool) or not isinstance(self.resident_bytes, int) or self.resident_bytes < 0:
+            raise ValueError(f"`resident_bytes={self.resident_bytes!r}` must be an int >= 0.")
 
     @classmethod
-    def of(cls, trainer: Any, module: Any) -> TrainingLoop:
-        """The loop ``trainer`` runs for ``module`` (defaults for what either lacks)."""
+    def of(cls, trainer: Any, module: Any, planned: nn.Module | None = None) -> TrainingLoop:
+        """The loop ``trainer`` runs for ``module`` (defaults for what either lacks), whose submodule
+        ``planned`` is the one planned (default: ``module`` itself)."""
         n = getattr(trainer, "accumulate_grad_batches", 1)
+        resident = 0
+        if isinstance(module, nn.Module) and planned is not None and planned is not module:
+            from ._compat import local_tensor, storage_key
+            from .forecasting import _unique_storages
+
+            seen = {storage_key(local_tensor(t)) for t in (*planned.parameters(), *planned.buffers())}
+            resident = sum(b for b, _ in _unique_storages([*module.parameters(), *module.buffers()], seen))
         return cls(accumulate_grad_batches=n if isinstance(n, int) and n >= 1 else 1,
-                   automatic_optimization=bool(getattr(module, "automatic_optimization", True)))
+                   automatic_optimization=bool(getattr(module, "automatic_optimization", True)),
+                   resident_bytes=int(resident))
 
 
 def check_submodule(path: str | None, call: str) -> str | None:
@@ -239,7 +254,7 @@ def lightning_step_memory(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop
     """``(baseline bytes, peak bytes above it)`` of a Lightning training step from its forecast. The
     baseline holds the gradients (``grads`` bytes) under automatic optimization, where they are live
     when a step starts; the peak is ``None`` when the forecast failed."""
-    base = fc.baseline_bytes + (grads if loop.automatic_optimization else 0)
+    base = fc.baseline_bytes + loop.resident_bytes + (grads if loop.automatic_optimization else 0)
     return base, None if fc.peak_bytes is None else lightning_step_peak(fc, grads, loop)
 
 
@@ -467,7 +482,7 @@ def forecast_plan(
     breakdown: dict[str, int] = {}
     if fc.breakdown is not None:
         b = fc.breakdown
-        breakdown = {"activations": b.activations, "parameters": b.parameters + b.buffers,
+        breakdown = {"activations": b.activations, "parameters": b.parameters + b.buffers + loop.resident_bytes,
                      "gradients": grads, "optimizer_state": b.optimizer_state, "inputs": b.inputs,
                      "optimizer_temporaries": b.optimizer_temporaries}
         if b.fsdp_buffers:

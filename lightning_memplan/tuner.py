@@ -272,7 +272,7 @@ def plan_memory(
         batch = move_data_to_device(batch, device)
         optimizer = _first_optimizer(model.configure_optimizers())
         forward = target.forward
-        loop = TrainingLoop.of(trainer, model)
+        loop = TrainingLoop.of(trainer, model, target)
         # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
         with trainer.strategy.precision_plugin.train_step_context():
             step = _probe_step(model, batch, target, device)

@@ -534,7 +534,8 @@ def test_a_head_outside_the_planned_submodule(tmp_path: Path, accumulate: int) -
     """``submodule="backbone"`` and an eager 4,000-class head: its weight, saved by its matmul, is
     a parameter (the baseline), not the loss's bytes; its gradient is freed by zero_grad like the
     backbone's and made again in the eager part of the backward. Before, the forecast was +18.3% off
-    (+9.3% with the weight excluded but the gradient not modelled)."""
+    (+9.3% with the weight excluded but the gradient not modelled), and the baseline (what
+    ``max_memory`` is checked with) left out the head's parameters."""
     cb = MemPlanCallback(0.5, backend="aot_eager", submodule="backbone", verbose=False, log_plots=False,
                          measure_batches=3)
     trainer = _trainer(tmp_path, cb, epochs=1, accumulate_grad_batches=accumulate)
@@ -546,6 +547,10 @@ def test_a_head_outside_the_planned_submodule(tmp_path: Path, accumulate: int) -
     assert 128 * 4000 * 4 <= loss.kept_bytes < 128 * 4000 * 4 + head  # the log-softmax, not the weight
     backbone = sum(p.numel() * p.element_size() for p in model.backbone.parameters())
     assert cb.plan.breakdown["gradients"] == backbone + head
+    # the baseline holds the head too (its weights, AdamW's two moments, the previous gradients)
+    assert cb.plan.breakdown["parameters"] == backbone + head
+    assert cb.plan.breakdown["optimizer_state"] >= 2 * (backbone + head)
+    assert cb.plan.baseline_bytes >= 4 * (backbone + head)
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert abs(float(row["memplan/prediction_error"])) < 0.01, row
 
