@@ -464,6 +464,31 @@ def fsdp2_active_unit(groups: Sequence[Any]) -> int | None:
     return active[-1] if active else None
 
 
+def fsdp2_shard_bytes(model: torch.nn.Module) -> dict[int, int]:
+    """``{id(parameter): bytes}`` of this rank's padded shard of every FSDP2-managed parameter in
+    ``model``, keyed by both the sharded parameter (a DTensor) and, once FSDP made it, the
+    unsharded one that replaces it on the module inside a unit's forward: what the parameter and its
+    gradient take between steps, whichever of the two the module holds now. Empty without FSDP2 or
+    when this torch's internals differ."""
+    out: dict[int, int] = {}
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if not isinstance(module, FSDPModule):
+                continue
+            group = module._get_fsdp_state()._fsdp_param_group
+            for fp in (group.fsdp_params if group is not None else ()):
+                nbytes = int(math.prod(tuple(fp.padded_sharded_param_size)) * fp.sharded_param.element_size())
+                out[id(fp.sharded_param)] = nbytes
+                unsharded = getattr(fp, "_unsharded_param", None)
+                if unsharded is not None:
+                    out[id(unsharded)] = nbytes
+    except Exception:  # noqa: BLE001 - other internals: the caller counts the tensors as they are
+        return {}
+    return out
+
+
 def fsdp2_only(model: torch.nn.Module) -> bool:
     """Whether ``model``'s sharding is FSDP2 alone: it has ``fully_shard`` units, no FSDP1 wrapper,
     and every DTensor parameter lies on a one-dimensional mesh (no tensor parallelism)."""

@@ -133,17 +133,19 @@ class BoundForward(nn.Module):
 
 
 def grad_bytes(module: nn.Module) -> int:
-    """Bytes of the gradients of ``module``'s trainable parameters (unique parameters; of a sharded
-    parameter, a DTensor, this rank's shard)."""
-    from ._compat import local_tensor
+    """Bytes of the gradients of ``module``'s trainable parameters between steps (unique
+    parameters; of a sharded parameter, a DTensor, this rank's shard; of an FSDP2 parameter, its
+    padded shard, also inside a unit's forward where the module holds the unsharded one)."""
+    from ._compat import fsdp2_shard_bytes, local_tensor
 
+    shards = fsdp2_shard_bytes(module)
     seen: set[int] = set()
     total = 0
     for p in module.parameters():
         if p.requires_grad and id(p) not in seen:
             seen.add(id(p))
             t = local_tensor(p)
-            total += t.numel() * t.element_size()
+            total += shards.get(id(p), t.numel() * t.element_size())
     return total
 
 
@@ -161,29 +163,45 @@ class TrainingLoop:
     """Bytes of the LightningModule's parameters and buffers outside the planned submodule (a head
     ``training_step`` runs eagerly): live through every step, in the baseline, not in the forecast
     of the planned module. 0 when the whole LightningModule is planned."""
+    param_bytes: int | None = None
+    """Bytes of the planned module's parameters between steps when they differ from what its
+    forecast counted (FSDP2: each parameter's padded shard, while the forecast, run inside the
+    root's forward, saw the root's own parameters unsharded); ``None``: as the forecast counted."""
 
     def __post_init__(self) -> None:
         n = self.accumulate_grad_batches
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`accumulate_grad_batches={n!r}` must be an int >= 1 (Lightning's Trainer argument).")
-        if isinstance(self.resident_bytes, bool) or not isinstance(self.resident_bytes, int) or self.resident_bytes < 0:
-            raise ValueError(f"`resident_bytes={self.resident_bytes!r}` must be an int >= 0.")
+        for name in ("resident_bytes", "param_bytes"):
+            v = getattr(self, name)
+            if (v is not None or name == "resident_bytes") and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"`{name}={v!r}` must be an int >= 0.")
 
     @classmethod
     def of(cls, trainer: Any, module: Any, planned: nn.Module | None = None) -> TrainingLoop:
         """The loop ``trainer`` runs for ``module`` (defaults for what either lacks), whose submodule
         ``planned`` is the one planned (default: ``module`` itself)."""
-        n = getattr(trainer, "accumulate_grad_batches", 1)
-        resident = 0
-        if isinstance(module, nn.Module) and planned is not None and planned is not module:
-            from ._compat import local_tensor, storage_key
-            from .forecasting import _unique_storages
+        from ._compat import fsdp2_shard_bytes, local_tensor, storage_key
 
-            seen = {storage_key(local_tensor(t)) for t in (*planned.parameters(), *planned.buffers())}
-            resident = sum(b for b, _ in _unique_storages([*module.parameters(), *module.buffers()], seen))
+        n = getattr(trainer, "accumulate_grad_batches", 1)
+        resident, params = 0, None
+        if isinstance(module, nn.Module):
+            shards = fsdp2_shard_bytes(module)
+            planned = planned if planned is not None else module
+            mine = {id(p): p for p in planned.parameters()}
+            if shards:
+                params = sum(shards.get(k, local_tensor(p).numel() * local_tensor(p).element_size())
+                             for k, p in mine.items())
+            if planned is not module:
+                seen = {storage_key(local_tensor(t)) for t in (*mine.values(), *planned.buffers())}
+                for t in (*module.parameters(), *module.buffers()):
+                    key = storage_key(local_tensor(t))
+                    if key not in seen:
+                        seen.add(key)
+                        resident += shards.get(id(t), int(local_tensor(t).untyped_storage().nbytes()))
         return cls(accumulate_grad_batches=n if isinstance(n, int) and n >= 1 else 1,
                    automatic_optimization=bool(getattr(module, "automatic_optimization", True)),
-                   resident_bytes=int(resident))
+                   resident_bytes=int(resident), param_bytes=params)
 
 
 def check_submodule(path: str | None, call: str) -> str | None:
@@ -255,6 +273,8 @@ def lightning_step_memory(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop
     baseline holds the gradients (``grads`` bytes) under automatic optimization, where they are live
     when a step starts; the peak is ``None`` when the forecast failed."""
     base = fc.baseline_bytes + loop.resident_bytes + (grads if loop.automatic_optimization else 0)
+    if loop.param_bytes is not None and fc.breakdown is not None:
+        base += loop.param_bytes - fc.breakdown.parameters
     return base, None if fc.peak_bytes is None else lightning_step_peak(fc, grads, loop)
 
 
@@ -482,7 +502,8 @@ def forecast_plan(
     breakdown: dict[str, int] = {}
     if fc.breakdown is not None:
         b = fc.breakdown
-        breakdown = {"activations": b.activations, "parameters": b.parameters + b.buffers + loop.resident_bytes,
+        params = b.parameters if loop.param_bytes is None else loop.param_bytes
+        breakdown = {"activations": b.activations, "parameters": params + b.buffers + loop.resident_bytes,
                      "gradients": grads, "optimizer_state": b.optimizer_state, "inputs": b.inputs,
                      "optimizer_temporaries": b.optimizer_temporaries}
         if b.fsdp_buffers:

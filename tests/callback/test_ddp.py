@@ -47,11 +47,11 @@ def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path:
     assert all(r["measured"] and r["measured"][0] for r in ranks)
     # both ranks measured the loss on the outputs (2 MB of logits) and trained on after it
     assert all(len(r["eager_losses"]) == 1 and r["eager_losses"][0]["outputs_bytes"] == 128 * 4000 * 4 for r in ranks)
-    # the baseline counts this rank's shards (DTensor.to_local), not the full parameters (the root
-    # unit's own parameters, the head, are unsharded while the forecast runs inside the forward)
-    root = ranks[0]["largest_unit_bytes"]  # the root unit: the 4,000-class head
-    assert ranks[0]["local_parameter_bytes"] <= ranks[0]["parameters"] < ranks[0]["full_parameter_bytes"]
-    assert ranks[0]["parameters"] - root < 0.6 * (ranks[0]["full_parameter_bytes"] - root)  # the blocks' shards
+    # the baseline counts this rank's padded shards (DTensor.to_local), as they are between steps,
+    # also the root unit's own (the 4,000-class head), which the forecast saw unsharded inside the
+    # forward; so do the gradients zero_grad frees before the backward (they were counted unsharded:
+    # the prediction was 3.8% low)
+    assert ranks[0]["parameters"] == ranks[0]["local_parameter_bytes"] < 0.6 * ranks[0]["full_parameter_bytes"]
     print(f"\nFSDP2 2 ranks budget {ranks[0]['budget']}: predicted {ranks[0]['predicted']} B "
           f"(FSDP buffers {ranks[0]['fsdp_buffers']} B), measured {[r['measured'] for r in ranks]} B")
     assert not ranks[0]["warnings"], ranks[0]["warnings"]  # nothing left out to warn about
@@ -62,9 +62,7 @@ def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path:
     # forecast is the step without them: some window measures it, and every window lies in that band
     predicted, unit = ranks[0]["predicted"], ranks[0]["largest_unit_bytes"]
     peaks = [p for r in ranks for p in r["measured"][0]]
-    # (the eager head's unsharded gradient, made in the backward outside any compiled graph, is
-    # not forecast: -3.8% was measured)
-    assert len(peaks) >= 6 and any(abs(p - predicted) <= 0.05 * p for p in peaks), (predicted, peaks)
+    assert len(peaks) >= 6 and any(abs(p - predicted) <= 0.03 * p for p in peaks), (predicted, peaks)
     # at most one late copy per all-gather of the step's 4 units (2.26 largest units were seen once,
     # in a full suite run)
     assert all(predicted - 0.5 * unit <= p <= predicted + 4.2 * unit for p in peaks), (predicted, unit, peaks)
