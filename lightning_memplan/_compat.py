@@ -112,6 +112,15 @@ def functorch_config() -> Any:
     return importlib.import_module("torch._functorch.config")
 
 
+def opaque_handles_patch() -> dict[str, Any]:
+    """``torch._functorch.config`` settings for our compiles beside the budget: script objects in
+    a graph (the process group of tensor parallelism's functional collectives) count as zero bytes
+    for the partitioner's knapsack; it refuses to size them otherwise and the compile fails. They are
+    handles that hold no activation storage. Empty on a torch without the setting."""
+    name = "unsafe_treat_script_objects_as_zero_size"
+    return {name: True} if hasattr(functorch_config(), name) else {}
+
+
 def min_cut_rematerialization_partition() -> Callable[..., Any]:
     return require("torch._functorch.partitioners", "min_cut_rematerialization_partition")
 
@@ -489,18 +498,25 @@ def fsdp2_shard_bytes(model: torch.nn.Module) -> dict[int, int]:
     return out
 
 
-def fsdp2_only(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s sharding is FSDP2 alone: it has ``fully_shard`` units, no FSDP1 wrapper,
-    and every DTensor parameter lies on a one-dimensional mesh (no tensor parallelism)."""
+class FsdpKinds(NamedTuple):
+    """Which FSDP wraps parts of a model (see :func:`fsdp_kinds`)."""
+
+    #: FSDP1's ``FullyShardedDataParallel`` (Lightning's ``FSDPStrategy``).
+    fsdp1: bool
+    #: FSDP2's ``fully_shard`` units (Lightning's ``ModelParallelStrategy``).
+    fsdp2: bool
+
+
+def fsdp_kinds(model: torch.nn.Module) -> FsdpKinds:
+    """Whether FSDP1 and FSDP2 modules are among ``model``'s modules (both False on a torch
+    without them)."""
     try:
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-        from torch.distributed.tensor import DTensor
     except ImportError:
-        return False
+        return FsdpKinds(False, False)
     mods = list(model.modules())
-    if not any(isinstance(m, FSDPModule) for m in mods) or any(isinstance(m, FullyShardedDataParallel) for m in mods):
-        return False
-    return all(p.device_mesh.ndim == 1 for p in model.parameters() if isinstance(p, DTensor))
+    return FsdpKinds(fsdp1=any(isinstance(m, FullyShardedDataParallel) for m in mods),
+                     fsdp2=any(isinstance(m, FSDPModule) for m in mods))
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from tabulate import tabulate
 from torch import nn
 from typing_extensions import override
 
-from ._compat import fsdp2_backward_hooks_inert, fsdp2_only, isolated_compile_kwargs, recompile_limit
+from ._compat import fsdp2_backward_hooks_inert, fsdp_kinds, isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
 from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses
@@ -253,16 +253,18 @@ class MemPlanCallback(Callback):
         self._warned_dynamic = self._warned_shapes = False
         #: The eager code between the forward and the backward (the loss training_step computes on
         #: the outputs, metrics, logging), measured on the first batch and laid into the forecasts:
-        #: one per call of the forward; empty when it was not measured (under FSDP1 or tensor
-        #: parallelism, a failure). Under FSDP2 the partial backward that measures it runs with
-        #: FSDP's pre-backward hooks made inert (``_compat.fsdp2_backward_hooks_inert``).
+        #: one per call of the forward; empty when it was not measured (under FSDP1, a failure).
+        #: Under FSDP2 the partial backward that measures it runs with FSDP's pre-backward hooks
+        #: made inert (``_compat.fsdp2_backward_hooks_inert``); under tensor parallelism every
+        #: rank runs it at the same point, so any collective in it pairs up.
         self.eager_losses: tuple[EagerLoss, ...] = ()
         # the first batch's calls of the forward and the eager code after each; None once
         # measured or dropped
         self._outputs: EagerCalls | None = None
         self._first_batch: Any = None
         self._collectives = False  # the planned module's forward runs collectives (FSDP, TP)
-        self._fsdp2 = False  # ... FSDP2's alone: the eager code after it is measured all the same
+        self._fsdp2 = False  # ... some FSDP2 units among them: their hooks are made inert to measure
+        self._measurable = True  # the eager code after the forward can be measured (not under FSDP1)
         #: A plan chosen outside the forward (judged again after the first batch, or re-planned)
         #: while the forward runs collectives: installed at the next training call of the forward,
         #: where FSDP has unsharded the parameters its forecast reads.
@@ -366,9 +368,9 @@ class MemPlanCallback(Callback):
                 self._planned_shapes = self._watch.compiles[0].input_shapes
         else:
             out = fn(*args, **kwargs)
-        # not under FSDP1 / tensor parallelism: their pre-backward hooks sit on the outputs, and a
-        # partial backward through the loss would unshard (FSDP2's are made inert while it runs)
-        if noting and (not self._collectives or self._fsdp2):
+        # not under FSDP1: its pre-backward hooks sit on the outputs, and a partial backward through
+        # the loss would unshard (FSDP2's are made inert while it runs)
+        if noting and self._measurable:
             self._note_outputs(out)
         return out
 
@@ -533,13 +535,17 @@ class MemPlanCallback(Callback):
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
             self._fall_back(f"installing the plan failed: {exc!r}")
             return
-        if fc is not None and forward_has_collectives(module) and not (fc.breakdown and fc.breakdown.fsdp_buffers):
+        collectives = forward_has_collectives(module)
+        kinds = fsdp_kinds(module) if collectives else None
+        # tensor parallelism alone: its collectives are in the compiled graphs (functional
+        # collectives), so the forecast holds their buffers; FSDP's live outside them
+        if fc is not None and kinds and (kinds.fsdp1 or kinds.fsdp2) and not (fc.breakdown and fc.breakdown.fsdp_buffers):
             warnings.warn(
-                "MemPlanCallback: the parameters are sharded (FSDP1, tensor parallelism, or FSDP2 internals "
-                "this version cannot read). The forecast counts this rank's shards of the parameters, gradients "
-                "and optimizer state, and the activations of the compiled graphs; the unsharded parameters "
-                "and communication buffers are not forecast, so the measured peak "
-                "(memplan/measured_peak_bytes) will be higher than predicted.", MemPlanWarning, stacklevel=2)
+                "MemPlanCallback: the parameters are sharded by FSDP (FSDP1, or FSDP2 internals this version "
+                "cannot read). The forecast counts this rank's shards of the parameters, gradients and optimizer "
+                "state, and the activations of the compiled graphs; FSDP's unsharded parameters and "
+                "communication buffers are not forecast, so the measured peak (memplan/measured_peak_bytes) "
+                "will be higher than predicted.", MemPlanWarning, stacklevel=2)
         trainable = any(p.requires_grad for p in module.parameters())
         if fc is not None and trainable and fc.compiled_parameter_bytes == 0:
             warnings.warn(
@@ -552,8 +558,9 @@ class MemPlanCallback(Callback):
         self.forecast = fc
         self.plan = plan
         self._watch, self._watch_seen = watch, 0
-        self._collectives = forward_has_collectives(module)
-        self._fsdp2 = self._collectives and fsdp2_only(module)
+        self._collectives = collectives
+        self._fsdp2 = bool(kinds and kinds.fsdp2)
+        self._measurable = not (kinds and kinds.fsdp1)
         if not self._may_replan() and self._fit_batches > 1:
             self._example = None  # no re-plan can follow: do not hold on to the first batch
         self._active_forward = compiled

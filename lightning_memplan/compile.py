@@ -583,7 +583,8 @@ class MemplanBackend:
         with contextlib.ExitStack() as stack:
             # a remat plan partitions at budget 1.0: its recompute tags decide, torch's knapsack must not
             stack.enter_context(fconfig.patch(activation_memory_budget=1.0 if self.remat else self.budget,
-                                              activation_memory_budget_solver=self._solver))
+                                              activation_memory_budget_solver=self._solver,
+                                              **_compat.opaque_handles_patch()))
             stack.enter_context(_compat.force_disable_caches_patch())
             stack.enter_context(self._probes(region))
             try:
