@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,9 +164,14 @@ def search(
         # out of memory where the unplanned model would
         frugal = (max(sets, key=len) if sets else (), float(budgets[0]))
         try:
-            grid = forecast_grid(model, tuple(example_inputs), budgets=tuple(budgets), checkpoint_sets=sets,
-                                 solver="dp" if remat_only else solver, loss_fn=loss_fn, optimizer=optimizer,
-                                 run=frugal, remat_budgets=remat_budgets)
+            # a plan the grid could not forecast (status not "ok": e.g. blocks whose nodes no region
+            # names, as when dynamo compiles each FSDP2 block on its own) is forecast again below,
+            # one trace with the blocks really wrapped: its warning would only repeat that
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="lightning_memplan.forecast: ", category=RuntimeWarning)
+                grid = forecast_grid(model, tuple(example_inputs), budgets=tuple(budgets), checkpoint_sets=sets,
+                                     solver="dp" if remat_only else solver, loss_fn=loss_fn, optimizer=optimizer,
+                                     run=frugal, remat_budgets=remat_budgets)
         except Exception:  # noqa: BLE001 - fall back to one trace per checkpoint set
             grid = {}
     for ck in (() if remat_only else sets):
