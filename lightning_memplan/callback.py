@@ -356,34 +356,62 @@ class MemPlanCallback(Callback):
         noting = self._fit_batches == 1 and in_training and torch.is_grad_enabled()
         if noting:
             self._close_eager_window()  # the eager code after the previous call ends here
-        if self._first_call:
-            try:
-                out = fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - a failed compile must not lose the run
-                self._fall_back(f"compiling the planned forward failed: {exc!r}")
-                return self._orig_forward(*args, **kwargs)
-            self._first_call = False
-            if self._watch is not None and self._watch.compiles:
-                self._watch_seen = len(self._watch.compiles)  # the planned graph(s)
-                self._planned_shapes = self._watch.compiles[0].input_shapes
-        else:
-            out = fn(*args, **kwargs)
         # not under FSDP1: its pre-backward hooks sit on the outputs, and a partial backward through
         # the loss would unshard (FSDP2's are made inert while it runs)
+        watch = self._watch if noting and self._measurable and self._eager_calls() is not None else None
+        if watch is not None:
+            watch.on_output = self._region_returned
+        try:
+            if self._first_call:
+                try:
+                    out = fn(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - a failed compile must not lose the run
+                    self._close_eager_window()
+                    self._fall_back(f"compiling the planned forward failed: {exc!r}")
+                    return self._orig_forward(*args, **kwargs)
+                self._first_call = False
+                if self._watch is not None and self._watch.compiles:
+                    self._watch_seen = len(self._watch.compiles)  # the planned graph(s)
+                    self._planned_shapes = self._watch.compiles[0].input_shapes
+            else:
+                out = fn(*args, **kwargs)
+        finally:
+            if watch is not None:
+                watch.on_output = None
         if noting and self._measurable:
             self._note_outputs(out)
         return out
 
+    def _eager_calls(self) -> EagerCalls | None:
+        """The first batch's :class:`~lightning_memplan.eager_loss.EagerCalls` (made at its first
+        call); ``None`` once an earlier call could not be noted (nothing is measured then)."""
+        if self._outputs is None and self.forward_calls_per_step <= 1:
+            self._outputs = EagerCalls(self._device())
+        return self._outputs
+
+    def _region_returned(self, out: Any) -> None:
+        """A compiled region of the planned forward returned, on the first batch (see
+        :meth:`~lightning_memplan.eager_loss.EagerCalls.region_returned`)."""
+        calls = self._outputs
+        if calls is None:
+            return
+        try:
+            calls.region_returned(out)
+        except Exception:  # noqa: BLE001 - the call's own outputs are noted instead
+            calls.discard_regions()
+
     def _note_outputs(self, out: Any) -> None:
         """Note this call's outputs (nothing that keeps them alive) for :meth:`on_before_backward`,
-        and open a window on the eager code that follows (:class:`~lightning_memplan.eager_loss.EagerCalls`)."""
-        if self._outputs is None:
-            if self.forward_calls_per_step > 1:
-                return  # an earlier call could not be noted: nothing is measured for this step
-            self._outputs = EagerCalls(self._device())
+        and open a window on the eager code that follows (:class:`~lightning_memplan.eager_loss.EagerCalls`);
+        when eager code ran after the call's last compiled region (a head, or a loss, in a forward
+        whose frame dynamo skipped), that region's outputs, from its return."""
+        calls = self._eager_calls()
+        if calls is None:
+            return  # an earlier call could not be noted: nothing is measured for this step
         try:
-            self._outputs.returned(out)
+            calls.returned_after_regions(out)
         except Exception:  # noqa: BLE001 - no eager-loss measurement then
+            calls.discard_regions()
             self._outputs = None
 
     def _close_eager_window(self) -> None:

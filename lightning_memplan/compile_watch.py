@@ -47,6 +47,10 @@ class WatchedBackend:
 
     ``training``: called at each compile; whether the model is being trained (the caller's notion,
     e.g. ``trainer.training``). Grad mode is checked besides.
+
+    :attr:`on_output`, when set, is called with the outputs of every compiled graph it returned, each
+    time one runs (a forward with graph breaks runs several per call); ``None`` costs one attribute
+    read per call.
     """
 
     def __init__(self, inner: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
@@ -55,6 +59,8 @@ class WatchedBackend:
         self._training = training
         #: Every graph compiled so far, in order.
         self.compiles: list[CompileRecord] = []
+        #: Called with each compiled graph's outputs when it runs, while set.
+        self.on_output: Callable[[Any], None] | None = None
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         shapes = tuple(tuple(int(d) for d in e.shape) for e in example_inputs
@@ -65,7 +71,16 @@ class WatchedBackend:
         except Exception:  # noqa: BLE001 - an observer never stops a compile
             training = torch.is_grad_enabled()
         self.compiles.append(CompileRecord(input_shapes=shapes, dynamic=dynamic, training=training))
-        return self.inner(gm, example_inputs)
+        compiled = self.inner(gm, example_inputs)
+
+        def watched_region(*args: Any, **kwargs: Any) -> Any:
+            out = compiled(*args, **kwargs)
+            observe = self.on_output
+            if observe is not None:
+                observe(out)
+            return out
+
+        return watched_region
 
     def __repr__(self) -> str:
         return f"WatchedBackend({self.inner!r}, compiles={len(self.compiles)})"

@@ -193,6 +193,46 @@ class EagerCalls:
         self.device = device
         self.calls: list[NotedOutputs] = []
         self._window: PeakWindow | None = None
+        # the last compiled region's outputs inside the running call
+        self._tentative: NotedOutputs | None = None
+        # (node id, output_nr) of every compiled region's outputs inside the running call
+        self._region_edges: set[tuple[int, int]] = set()
+
+    def region_returned(self, out: Any) -> None:
+        """A compiled region inside the running call returned ``out``: note it in place of the
+        region before (see :meth:`returned_after_regions`). No window opens here: on CPU a window is
+        the profiler, and starting and stopping it at every region of a forward crashed the process
+        now and then."""
+        self._tentative = note = NotedOutputs.of(out)
+        self._region_edges.update((id(e.node), e.output_nr) for e in note.edges)
+
+    def discard_regions(self) -> None:
+        """Drop the notes of :meth:`region_returned`, if any."""
+        self._region_edges = set()
+        self._tentative = None
+
+    def returned_after_regions(self, out: Any) -> bool:
+        """The call returned ``out``. If eager code ran after its last compiled region (an output
+        that requires grad is none of the call's compiled regions' outputs: a head or a loss inside
+        a forward whose frame dynamo skipped), note the last region's outputs as the call's, so the
+        eager end of the forward is measured with the loss (what it keeps, its backward; its
+        transients inside the forward are not: the window opens at the return, as in
+        :meth:`returned`); else note ``out`` (:meth:`returned`). Returns whether the region's
+        outputs were taken."""
+        from torch.autograd.graph import get_gradient_edge
+
+        edges, self._region_edges = self._region_edges, set()
+        note, self._tentative = self._tentative, None
+        if note is not None and note.edges:
+            grads = [t for t in _compat.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if any((id(e.node), e.output_nr) not in edges for e in map(get_gradient_edge, grads)):
+                self.close()
+                self.calls.append(note)
+                self._window = PeakWindow(self.device)
+                self._window.__enter__()
+                return True
+        self.returned(out)
+        return False
 
     def returned(self, out: Any) -> None:
         """A call returned ``out``: note it and open the window on the eager code after it."""
@@ -203,6 +243,7 @@ class EagerCalls:
 
     def close(self) -> None:
         """End the open window, if any; its peak goes with the last call."""
+        self.discard_regions()
         window, self._window = self._window, None
         if window is None:
             return

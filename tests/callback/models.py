@@ -97,6 +97,23 @@ class HeadOutside(WideHead):
         return torch.nn.functional.cross_entropy(self.head(self.backbone(x)), (y[:, 0].abs() * 997).long() % self._classes)
 
 
+class LossInSkippedFrame(WideHead):
+    """WideHead whose forward takes the targets and returns the loss (Hugging Face's ``labels=``),
+    with a graph break inside its loop over the blocks: dynamo skips the forward's frame, compiles
+    each block on its own, and runs the head and the cross-entropy eagerly inside the forward."""
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+            torch._dynamo.graph_break()
+        logits = self.head(x)
+        return logits if target is None else torch.nn.functional.cross_entropy(logits, target)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return self(x, (y[:, 0].abs() * 997).long() % self._classes)
+
+
 class WideHeadAccuracy(WideHead):
     """The common torchmetrics pattern: accuracy updated on the logits in training_step. Its
     update counts (target, prediction) pairs with a bincount of classes**2 int64 bins: 8 MB for

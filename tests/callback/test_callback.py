@@ -17,7 +17,7 @@ from lightning_memplan.callback import MemPlanWarning
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.search import DEFAULT_REMAT_BUDGETS
 
-from .models import BytesIn, HeadOutside, LossInModel, TinyNet, WideHead, WideHeadAccuracy, WideHeadManual, WideHeadTwoViews, Wrapper
+from .models import BytesIn, HeadOutside, LossInModel, LossInSkippedFrame, TinyNet, WideHead, WideHeadAccuracy, WideHeadManual, WideHeadTwoViews, Wrapper
 
 KEYS = {
     "memplan/predicted_peak_bytes", "memplan/measured_peak_bytes", "memplan/prediction_error",
@@ -527,6 +527,22 @@ def test_the_loss_computed_on_the_outputs_is_measured_and_forecast(tmp_path: Pat
     assert cb.plan.candidates[0].budget == 1.0 and cb.plan.candidates[0].peak_bytes > unmeasured_peak + logits
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert abs(float(row["memplan/prediction_error"])) < 0.03, row
+
+
+def test_a_loss_inside_a_forward_whose_frame_dynamo_skipped(tmp_path: Path) -> None:
+    """A graph break in the loop over the blocks: dynamo compiles each block alone and runs the head
+    and the cross-entropy eagerly inside the forward, which returns the loss. The eager end is
+    measured from the last compiled block's outputs (before, from the returned scalar loss: nothing
+    to measure, -91.3%)."""
+    cb = MemPlanCallback(0.5, backend="aot_eager", verbose=False, log_plots=False, measure_batches=2)
+    trainer = _trainer(tmp_path, cb, epochs=1)
+    trainer.fit(LossInSkippedFrame(batches=4))
+    assert cb.fallback_reason is None and sum(r.calls for r in cb.forecast.regions) >= 3  # the blocks
+    loss = cb.eager_loss
+    assert loss is not None and loss.outputs_bytes == 128 * 32 * 4  # the last block's outputs
+    assert 128 * 4000 * 4 <= loss.kept_bytes and loss.backward_peak_bytes >= 2 * 128 * 4000 * 4
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01, row
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
