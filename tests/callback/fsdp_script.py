@@ -52,7 +52,7 @@ def main(out_dir: str) -> None:
         logger=CSVLogger(out_dir), enable_checkpointing=False, enable_model_summary=False,
         enable_progress_bar=False,
     )
-    model = ShardedNet(batches=12)  # 6 batches per rank: 4 measured windows
+    model = ShardedNet(batches=12)  # 6 batches per rank: 3 or 4 measured windows (a re-plan drops one)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", MemPlanWarning)
         trainer.fit(model)

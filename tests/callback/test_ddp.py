@@ -1,4 +1,4 @@
-"""DDP and FSDP2 on CPU with 2 real processes (gloo): one plan on both ranks."""
+"""DDP, FSDP2 and tensor parallelism on CPU with 2 real processes (gloo): one plan on both ranks."""
 from __future__ import annotations
 
 import csv
