@@ -211,14 +211,13 @@ class EagerCalls:
         self._region_edges = set()
         self._tentative = None
 
-    def returned_after_regions(self, out: Any) -> bool:
+    def returned_after_regions(self, out: Any) -> None:
         """The call returned ``out``. If eager code ran after its last compiled region (an output
         that requires grad is none of the call's compiled regions' outputs: a head or a loss inside
         a forward whose frame dynamo skipped), note the last region's outputs as the call's, so the
         eager end of the forward is measured with the loss (what it keeps, its backward; its
         transients inside the forward are not: the window opens at the return, as in
-        :meth:`returned`); else note ``out`` (:meth:`returned`). Returns whether the region's
-        outputs were taken."""
+        :meth:`returned`); else note ``out`` (:meth:`returned`)."""
         from torch.autograd.graph import get_gradient_edge
 
         edges, self._region_edges = self._region_edges, set()
@@ -226,18 +225,18 @@ class EagerCalls:
         if note is not None and note.edges:
             grads = [t for t in _compat.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             if any((id(e.node), e.output_nr) not in edges for e in map(get_gradient_edge, grads)):
-                self.close()
-                self.calls.append(note)
-                self._window = PeakWindow(self.device)
-                self._window.__enter__()
-                return True
+                self._append(note)
+                return
         self.returned(out)
-        return False
 
     def returned(self, out: Any) -> None:
         """A call returned ``out``: note it and open the window on the eager code after it."""
+        self._append(NotedOutputs.of(out))
+
+    def _append(self, note: NotedOutputs) -> None:
+        """End the open window, add ``note`` as the next call and open a window from now."""
         self.close()
-        self.calls.append(NotedOutputs.of(out))
+        self.calls.append(note)
         self._window = PeakWindow(self.device)
         self._window.__enter__()
 

@@ -172,9 +172,10 @@ class TrainingLoop:
         n = self.accumulate_grad_batches
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`accumulate_grad_batches={n!r}` must be an int >= 1 (Lightning's Trainer argument).")
-        for name in ("resident_bytes", "param_bytes"):
-            v = getattr(self, name)
-            if (v is not None or name == "resident_bytes") and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        for name, v in (("resident_bytes", self.resident_bytes), ("param_bytes", self.param_bytes)):
+            if v is None and name == "param_bytes":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"`{name}={v!r}` must be an int >= 0.")
 
     @classmethod
