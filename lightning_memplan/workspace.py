@@ -25,7 +25,7 @@ import torch.fx as fx
 from lightning_memplan import _compat
 from lightning_memplan.measure import PeakWindow
 
-__all__ = ["PROBED_OPS", "probe_workspace"]
+__all__ = ["LOW_PRECISION_CPU_MATMULS", "PROBED_OPS", "probe_workspace"]
 
 #: Names of the aten overload packets whose kernels are probed.
 PROBED_OPS: frozenset[str] = frozenset({
@@ -37,7 +37,16 @@ PROBED_OPS: frozenset[str] = frozenset({
 })
 
 
-#: Ops whose kernels are known not to allocate scratch memory worth probing.
+#: Matrix products probed on CPU in bfloat16 and float16, by inductor too (an extern kernel there).
+#: oneDNN's bf16 GEMM allocates scratch beside its output, by an amount that depends on the CPU's
+#: instruction set: a 16x32 @ 32x64 ``addmm`` took 18,048 B on an AMD EPYC with avx512_bf16 and
+#: 4,224 B with ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` (28% of a small bf16 training step); float16
+#: took none there. Probing on the machine that trains measures its own.
+LOW_PRECISION_CPU_MATMULS: frozenset[str] = frozenset({"mm", "addmm", "bmm", "baddbmm"})
+
+
+#: Ops whose kernels are known not to allocate scratch memory worth probing (in float32; see
+#: :data:`LOW_PRECISION_CPU_MATMULS`).
 NO_WORKSPACE_OPS: frozenset[str] = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin",
     "clone", "copy_", "_to_copy", "empty", "empty_like", "empty_strided", "zeros", "ones", "full",
@@ -89,11 +98,13 @@ class _Frozen:
         return isinstance(other, _Frozen) and other.key == self.key
 
 
-def _probed(target: Any, every_op: bool, device: str) -> bool:
+def _probed(target: Any, every_op: bool, device: str, dtype: torch.dtype | None = None) -> bool:
     packet = getattr(target, "overloadpacket", None)
     if packet is None:
         return False
     name = packet.__name__
+    if name in LOW_PRECISION_CPU_MATMULS and device == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        return True
     if name in PROBED_OPS:
         return every_op or "attention" in name or device == "cuda"
     if not every_op or name in NO_WORKSPACE_OPS or torch.Tag.pointwise in getattr(target, "tags", ()):
@@ -109,7 +120,8 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
         return 0
     val = node.meta.get("val")
     first = next((v for v in _compat.tree_leaves(val) if isinstance(v, torch.Tensor)), None)
-    if not _probed(node.target, every_op, first.device.type if first is not None else "cpu"):
+    if not _probed(node.target, every_op, first.device.type if first is not None else "cpu",
+                   first.dtype if first is not None else None):
         return 0
 
     def unwrap(a: object) -> object:
