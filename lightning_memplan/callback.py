@@ -52,6 +52,7 @@ from .planner import (
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, replan_candidate
 from .strategy import decide_on_rank_zero, forward_has_collectives, max_over_ranks
+from .unit_compile import UnitCompile
 from .units import format_bytes
 
 __all__ = ["MemPlanCallback", "MemPlanWarning"]
@@ -560,6 +561,8 @@ class MemPlanCallback(Callback):
             # plan) and the planned graph keeps serving the planned size (see compile_watch)
             kwargs = {**isolated_compile_kwargs(), "dynamic": False, **self._compile_kwargs}
             compiled = torch.compile(_fresh_forward(module), backend=watch, **kwargs)
+            # FSDP2 units: each compiled on its own (see unit_compile), for this fit
+            self._stack.enter_context(UnitCompile(module, watch, kwargs).installed())
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
             self._fall_back(f"installing the plan failed: {exc!r}")
             return
@@ -579,10 +582,11 @@ class MemPlanCallback(Callback):
             warnings.warn(
                 "MemPlanCallback: dynamo compiled none of the forward's own computation (no compiled graph reads "
                 "a trainable parameter): it ran it eagerly, so the plan changes nothing and the forecast misses "
-                "the activations. A graph break inside a loop makes dynamo skip the whole frame: under FSDP2 "
-                "every unit's hooks break the graph, and the blocks' own forwards are compiled only when their "
-                "class is user code, not torch's (wrap an nn.TransformerEncoderLayer in a module of your own). "
-                "Run with TORCH_LOGS=graph_breaks to see where.", MemPlanWarning, stacklevel=2)
+                "the activations. A graph break inside a loop makes dynamo skip the whole frame, and of the "
+                "modules that frame calls it compiles those of your own classes only, not torch's (wrap an "
+                "nn.TransformerEncoderLayer in a module of your own, or shard it with FSDP2's fully_shard: "
+                "the callback compiles each FSDP2 unit on its own). Run with TORCH_LOGS=graph_breaks to see "
+                "where.", MemPlanWarning, stacklevel=2)
         self.forecast = fc
         self.plan = plan
         self._watch, self._watch_seen = watch, 0

@@ -67,6 +67,7 @@ from lightning_memplan.eager_loss import EagerLoss, eager_loss_events
 from lightning_memplan.fsdp_memory import Collectives, Point, fsdp_step_events
 from lightning_memplan.fsdp_memory import Event as FsdpEvent
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
+from lightning_memplan.unit_compile import UnitCompile
 from lightning_memplan.workspace import probe_workspace
 
 __all__ = ["Forecast", "GridKey", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_grid",
@@ -826,12 +827,17 @@ def _compile_step(
     # static: a forecast is of these inputs' shapes. With dynamic=None, dynamo's profile of earlier
     # compiles of the same code in this process (automatic_dynamic_local_pgo) could make it a
     # dynamic-shape graph, and AOTAutograd would mark the caller's tensors dynamic for later compiles.
-    compiled = torch.compile(_make_loss(model, loss_fn), backend=be, dynamic=False,
-                             **_compat.isolated_compile_kwargs())
+    compile_kwargs = {"dynamic": False, **_compat.isolated_compile_kwargs()}
+    whole = torch.compile(_make_loss(model, loss_fn), backend=be, **compile_kwargs)
     params = [p for p in model.parameters()]
     fsdp = _compat.fsdp2_units(model)
     groups = fsdp.groups if fsdp is not None else ()
     be.call_owner = (lambda: _compat.fsdp2_active_unit(groups)) if fsdp is not None else None
+    units = UnitCompile(model, be, compile_kwargs)  # FSDP2 units: each compiled on its own
+
+    def compiled(*args: Any) -> torch.Tensor:
+        with units.installed():
+            return whole(*args)
 
     def step() -> torch.Tensor:
         loss = compiled(*inputs)

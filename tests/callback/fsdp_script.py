@@ -18,6 +18,7 @@ from lightning.pytorch import Trainer  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from models import WideHead  # noqa: E402
+from torch import nn  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
@@ -26,9 +27,17 @@ from lightning_memplan.callback import MemPlanWarning  # noqa: E402
 
 
 class ShardedNet(WideHead):
-    """WideHead (a cross-entropy over 4,000 classes in training_step) whose blocks and root are
-    FSDP2 units, as Lightning's FSDP2 examples shard. Its forward calls the units in a loop, so
-    dynamo compiles each block on its own and runs the rest (the head) eagerly."""
+    """WideHead (a cross-entropy over 4,000 classes in training_step) whose blocks are torch's
+    ``nn.TransformerEncoderLayer`` (over the batch's 128 rows, as one unbatched sequence) and whose
+    blocks and root are FSDP2 units, as Lightning's FSDP2 examples shard. Its forward calls the units
+    in a loop: FSDP's hooks break the graph there, so dynamo skips the forward's frame and runs the
+    head eagerly; the callback compiles each unit on its own (dynamo would not start at a frame of
+    torch's own classes: without that, nothing was compiled)."""
+
+    def __init__(self, batches: int) -> None:
+        super().__init__(batches=batches)
+        self.blocks = nn.ModuleList([nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+                                     for _ in self.blocks])
 
     def configure_model(self) -> None:
         mesh = self.device_mesh["data_parallel"]

@@ -41,7 +41,9 @@ def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path:
     them the prediction was 71% low. The model's loss is a cross-entropy over 4,000 classes in
     training_step: the eager code after the forward is measured under FSDP2 too (with FSDP's
     pre-backward hooks inert during the partial backward); without it the prediction was 84% low.
-    The forward calls its units in a loop: dynamo compiles each block and runs the head eagerly."""
+    The blocks are torch's ``nn.TransformerEncoderLayer`` and the forward calls them in a loop: FSDP's
+    hooks break the graph there, dynamo skips the forward's frame and never starts at a frame of
+    torch's own classes, so nothing was compiled until the callback compiled each unit on its own."""
     ranks = _two_ranks("fsdp_script.py", tmp_path, timeout=300)
     assert ranks[0]["candidates"] == ranks[1]["candidates"] == 3
     assert all(r["measured"] and r["measured"][0] for r in ranks)

@@ -1,5 +1,6 @@
-"""Run by test_fsdp_memory.py as a script: ``forecast()`` of an FSDP2 model in plain PyTorch, 2 gloo
-processes. Each rank writes its forecast and 8 measured steps to OUT_DIR/rank{r}.json."""
+"""Run by test_fsdp_memory.py as a script: ``forecast()`` of FSDP2 models in plain PyTorch, 2 gloo
+processes: blocks of a user class (8 measured steps), then torch's ``nn.TransformerEncoderLayer``
+(4). Each rank writes the forecasts and measured steps to OUT_DIR/rank{r}.json."""
 from __future__ import annotations
 
 import json
@@ -25,9 +26,11 @@ class Block(nn.Module):
 class Net(nn.Module):
     """Three FSDP units and a root whose head (a square Linear) holds a unit's worth of parameters."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, torch_blocks: bool = False) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList([Block(width) for _ in range(3)])
+        self.blocks = nn.ModuleList([
+            nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True) if torch_blocks
+            else Block(width) for _ in range(3)])
         self.head = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,22 +50,27 @@ def run(rank: int, out_dir: str, port: str) -> None:
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (2,))
-    net = Net(128)
-    for b in net.blocks:
-        fully_shard(b, mesh=mesh)
-    fully_shard(net, mesh=mesh)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-    # before the first forward: FSDP has not decided which unit is the root yet
-    fc = forecast(net, (torch.randn(64, 128),), budget=1.0, backend="aot_eager", optimizer=opt,
-                  loss_fn=lambda y: y.pow(2).mean())
-    for _ in range(2):
-        fc.step()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-        "predicted": fc.peak_bytes, "fsdp_buffers": fc.breakdown.fsdp_buffers, "status": fc.status,
-        "backward_graphs": sum(r._graphs[1] is not None for r in fc.regions),
-        "measured": [measure_peak(fc.step) for _ in range(8)],
-        "unit_bytes": max(u.unsharded_bytes for u in fsdp2_units(net).units),
-    }))
+    out = {}
+    for torch_blocks, steps in ((False, 8), (True, 4)):
+        net = Net(128, torch_blocks)
+        for b in net.blocks:
+            fully_shard(b, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        # before the first forward: FSDP has not decided which unit is the root yet
+        fc = forecast(net, (torch.randn(64, 128),), budget=1.0, backend="aot_eager", optimizer=opt,
+                      loss_fn=lambda y: y.pow(2).mean())
+        for _ in range(2):
+            fc.step()
+        out["torch_blocks" if torch_blocks else "blocks"] = {
+            "predicted": fc.peak_bytes, "fsdp_buffers": fc.breakdown.fsdp_buffers, "status": fc.status,
+            "backward_graphs": sum(r._graphs[1] is not None for r in fc.regions),
+            "compiled_parameter_bytes": fc.compiled_parameter_bytes,
+            "measured": [measure_peak(fc.step) for _ in range(steps)],
+            "unit_bytes": max(u.unsharded_bytes for u in fsdp2_units(net).units),
+            "forward_left_patched": any("forward" in m.__dict__ for m in net.modules()),
+        }
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
 

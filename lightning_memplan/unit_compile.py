@@ -1,0 +1,85 @@
+"""Compile each FSDP2 unit's forward on its own, as torchtitan and Lightning's FSDP2 guides do.
+
+FSDP2 (``fully_shard``) runs hooks around every unit's call that dynamo does not trace (a
+``torch._dynamo.disable``-d function), so each unit call breaks the graph. A model's forward that
+calls its units in a loop (``for block in self.layers: h = block(h)``) then has a graph break
+inside a loop, and dynamo skips the whole frame: it runs eagerly, and only the frames it calls
+are offered to dynamo again. A unit whose class is user code is then compiled as a frame of its
+own; one of torch's classes (``nn.TransformerEncoderLayer``) is not, because dynamo never starts
+tracing at a frame in torch's own files. Nothing of such a model was compiled, so no plan could
+change anything.
+
+:class:`UnitCompile` gives each unit (every FSDP2 module inside the compiled model, not the model
+itself) an instance-level ``forward`` that calls the unit's current ``forward`` through one
+compiled function, for as long as it is installed. FSDP's hooks still run around the unit's call,
+eagerly, as they would anyway; the compiled graph sees the unit's unsharded parameters. Every unit
+shares that one compiled function (a fresh code object per :class:`UnitCompile`, so a new plan never
+meets an old cache entry): units of one class share its graph as they would as frames of their own.
+A ``forward`` already set on the instance (activation checkpointing's wrapper) is what is called,
+so checkpointed units are compiled checkpointed.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["UnitCompile", "fsdp2_unit_modules"]
+
+
+def fsdp2_unit_modules(model: nn.Module) -> list[nn.Module]:
+    """The FSDP2 (``fully_shard``) modules inside ``model``, in ``named_modules`` order, without
+    ``model`` itself (it is compiled as the whole); ``[]`` without FSDP2."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return []
+    return [m for m in model.modules() if m is not model and isinstance(m, FSDPModule)]
+
+
+def _call_unit(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return forward(*args, **kwargs)
+
+
+class UnitCompile:
+    """One compiled function through which ``model``'s FSDP2 units run their forwards.
+
+    Built once per plan; :meth:`installed` puts the units' ``forward`` attributes in place for the
+    duration of a block and restores whatever was there before. Without FSDP2 units it installs
+    nothing (``units`` is empty).
+
+    Args:
+        model: the module compiled as a whole (the LightningModule or its planned submodule).
+        backend: the dynamo backend of the whole (the same plan and the same region recording).
+        compile_kwargs: ``torch.compile`` options of the whole (``dynamic``, ``isolate_recompiles``).
+    """
+
+    def __init__(self, model: nn.Module, backend: Any, compile_kwargs: dict[str, Any]) -> None:
+        from .forecasting import _fresh_function
+
+        self.units: tuple[nn.Module, ...] = tuple(fsdp2_unit_modules(model))
+        self._compiled = torch.compile(_fresh_function(_call_unit), backend=backend, **compile_kwargs)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Within the block, each unit's ``forward`` runs compiled (nested blocks are fine: an
+        installed unit is left as it is)."""
+        patched: list[tuple[nn.Module, bool, Any]] = []
+        try:
+            for unit in self.units:
+                current = unit.__dict__.get("forward")
+                if isinstance(current, functools.partial) and current.func is self._compiled:
+                    continue  # already installed by an enclosing block
+                patched.append((unit, "forward" in unit.__dict__, current))
+                unit.forward = functools.partial(self._compiled, unit.forward)  # type: ignore[method-assign]
+            yield
+        finally:
+            for unit, had, old in reversed(patched):
+                if had:
+                    unit.forward = old  # type: ignore[method-assign]
+                else:
+                    del unit.forward
