@@ -49,6 +49,7 @@ from .planner import (
     rejudge_plan,
     resolve_submodule,
     storage_keys,
+    uncompiled_warnings,
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, replan_candidate
 from .strategy import decide_on_rank_zero, forward_has_collectives, max_over_ranks
@@ -577,16 +578,8 @@ class MemPlanCallback(Callback):
                 "state, and the activations of the compiled graphs; FSDP's unsharded parameters and "
                 "communication buffers are not forecast, so the measured peak (memplan/measured_peak_bytes) "
                 "will be higher than predicted.", MemPlanWarning, stacklevel=2)
-        trainable = any(p.requires_grad for p in module.parameters())
-        if fc is not None and trainable and fc.compiled_parameter_bytes == 0:
-            warnings.warn(
-                "MemPlanCallback: dynamo compiled none of the forward's own computation (no compiled graph reads "
-                "a trainable parameter): it ran it eagerly, so the plan changes nothing and the forecast misses "
-                "the activations. A graph break inside a loop makes dynamo skip the whole frame, and of the "
-                "modules that frame calls it compiles those of your own classes only, not torch's (wrap an "
-                "nn.TransformerEncoderLayer in a module of your own, or shard it with FSDP2's fully_shard: "
-                "the callback compiles each FSDP2 unit on its own). Run with TORCH_LOGS=graph_breaks to see "
-                "where.", MemPlanWarning, stacklevel=2)
+        for message in uncompiled_warnings(module, fc):
+            warnings.warn(f"MemPlanCallback: {message}", MemPlanWarning, stacklevel=2)
         self.forecast = fc
         self.plan = plan
         self._watch, self._watch_seen = watch, 0

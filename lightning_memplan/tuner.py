@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses
 from .plan import MemPlan
 from .planner import (
     PlanSettings,
+    PlanWarning,
     TrainingLoop,
     check_submodule,
     decide_plan,
@@ -39,6 +41,7 @@ from .planner import (
     rejudge_plan,
     resolve_submodule,
     storage_keys,
+    uncompiled_warnings,
 )
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 
@@ -287,6 +290,8 @@ def plan_memory(
             with checkpointed(target, plan.checkpoint):
                 plan, fc = forecast_plan(settings, plan, target, forward, args, kwargs, optimizer,
                                          loop=loop)
+            for message in uncompiled_warnings(target, fc):
+                warnings.warn(f"plan_memory: {message}", PlanWarning, stacklevel=2)
             if step is not None:
                 plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
                                        eager_losses=step.eager_losses, made_input_bytes=step.made, loop=loop)

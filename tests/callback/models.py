@@ -209,3 +209,19 @@ class LossInModel(LightningModule):
         g = torch.Generator().manual_seed(0)
         x = torch.randn(256 * 3, 64, generator=g)
         return DataLoader(TensorDataset(x, torch.arange(len(x)) % self.head.out_features), batch_size=256)
+
+
+class Recurrent(TinyNet):
+    """A linear layer, then a 2-layer LSTM over sequences of 8 steps, then a linear head: dynamo runs
+    nn.LSTM eagerly unless ``torch._dynamo.config.allow_rnn`` is True. (With it, torch 2.13 fails to
+    compile an LSTM whose input does not require grad: the linear layer in front avoids that.)"""
+
+    def __init__(self) -> None:
+        super().__init__(width=32, batch=16, batches=3)
+        self.blocks = nn.ModuleList()  # TinyNet's, unused here
+        self.proj = nn.Linear(32, 32)
+        self.lstm = nn.LSTM(32, 64, num_layers=2, batch_first=True)
+        self.head = nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.proj(x).unsqueeze(1).expand(-1, 8, -1))[0][:, -1])

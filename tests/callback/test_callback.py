@@ -17,7 +17,7 @@ from lightning_memplan.callback import MemPlanWarning
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.search import DEFAULT_REMAT_BUDGETS
 
-from .models import BytesIn, HeadOutside, LossInModel, LossInSkippedFrame, TinyNet, WideHead, WideHeadAccuracy, WideHeadManual, WideHeadTwoViews, Wrapper
+from .models import BytesIn, HeadOutside, LossInModel, LossInSkippedFrame, Recurrent, TinyNet, WideHead, WideHeadAccuracy, WideHeadManual, WideHeadTwoViews, Wrapper
 
 KEYS = {
     "memplan/predicted_peak_bytes", "memplan/measured_peak_bytes", "memplan/prediction_error",
@@ -170,6 +170,24 @@ def test_a_forward_dynamo_compiles_nothing_of_warns(tmp_path: Path) -> None:
         warnings.simplefilter("error", MemPlanWarning)
         _trainer(tmp_path, cb, epochs=1).fit(model)
     assert cb.forecast.compiled_parameter_bytes == sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_recurrent_modules_dynamo_runs_eagerly_warn(tmp_path: Path) -> None:
+    # dynamo runs nn.LSTM eagerly unless allow_rnn: the plan misses it (the LSTM language model of
+    # the dogfood was forecast 17% low); the callback names the modules and the setting
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2, verbose=False, log_plots=False)
+    with pytest.warns(MemPlanWarning, match=r"the recurrent modules 'lstm' run eagerly.*allow_rnn = True"):
+        _trainer(tmp_path, cb, epochs=1).fit(Recurrent())
+    # with allow_rnn the LSTM is compiled and planned: no warning, and the forecast holds
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2, verbose=False, log_plots=False)
+    trainer = _trainer(tmp_path, cb, epochs=1)
+    with torch._dynamo.config.patch(allow_rnn=True), warnings.catch_warnings():
+        warnings.simplefilter("error", MemPlanWarning)
+        trainer.fit(Recurrent())
+    lstm_bytes = sum(p.numel() * 4 for p in Recurrent().lstm.parameters())
+    assert cb.forecast.compiled_parameter_bytes >= lstm_bytes
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01
 
 
 def test_plan_file_is_reused_without_search(tmp_path: Path) -> None:

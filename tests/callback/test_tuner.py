@@ -9,9 +9,10 @@ from lightning.pytorch import Trainer
 
 from lightning_memplan import MemPlanCallback
 from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner import PlanWarning
 from lightning_memplan.tuner import plan_memory
 
-from .models import BytesIn, TinyNet, WideHeadAccuracy, WideHeadTwoViews, Wrapper
+from .models import BytesIn, Recurrent, TinyNet, WideHeadAccuracy, WideHeadTwoViews, Wrapper
 
 
 def test_plan_memory_then_train_from_the_json(tmp_path: Path) -> None:
@@ -53,6 +54,13 @@ def test_plan_memory_validates_arguments() -> None:
     trainer = Trainer(accelerator="cpu", devices=1, logger=False)
     with pytest.raises(ValueError, match=r"`plan_memory\(budget=2\)` is not a valid activation memory budget"):
         plan_memory(trainer, TinyNet(), budget=2)
+
+
+def test_plan_memory_warns_of_what_runs_uncompiled() -> None:
+    # as the callback does (test_recurrent_modules_dynamo_runs_eagerly_warn): dynamo runs nn.LSTM
+    # eagerly unless allow_rnn, so the plan misses it
+    with pytest.warns(PlanWarning, match=r"plan_memory: the recurrent modules 'lstm' run eagerly"):
+        plan_memory(_trainer(), Recurrent(), budget=0.5, backend="aot_eager")
 
 
 def _trainer(**kw: object) -> Trainer:
