@@ -29,7 +29,8 @@ from typing_extensions import override
 from ._compat import fsdp2_backward_hooks_inert, fsdp_kinds, isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
-from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses
+from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
+from .optim_memory import OptimizerMemory, optimizer_memory
 from .plan import MemPlan
 from .planner import (
     PlanSettings,
@@ -39,7 +40,7 @@ from .planner import (
     decide_plan,
     forecast_plan,
     fresh_input_bytes,
-    grad_bytes,
+    gradless_bytes,
     input_storages,
     lay_out_step,
     lightning_step_timeline,
@@ -48,6 +49,7 @@ from .planner import (
     plan_solver,
     rejudge_plan,
     resolve_submodule,
+    step_grad_bytes,
     storage_keys,
     uncompiled_warnings,
 )
@@ -241,6 +243,10 @@ class MemPlanCallback(Callback):
         self._before_step: set[int] = set()  # storages live before a step: the batch, parameters, buffers
         #: Bytes of the first call's inputs that training_step made (not in the batch: ``x.float() / 255``).
         self._made_inputs = 0
+        #: ``id``s and bytes of the planned module's trainable parameters the first batch's loss does
+        #: not reach (they get no gradient; see TrainingLoop.gradless_bytes).
+        self._gradless_ids: frozenset[int] = frozenset()
+        self._gradless = 0
         #: This rank's search's candidate forecasts (plain data), kept through the first batch to
         #: judge the candidates again when training_step calls the forward several times.
         self._kept_forecasts: tuple[Any, ...] = ()
@@ -439,6 +445,11 @@ class MemPlanCallback(Callback):
         assert module is not None
         from ._compat import tree_leaves
 
+        if not self._fsdp2:  # (FSDP2's autograd graph holds the unsharded parameters, not the module's)
+            reached = parameters_reached(loss)
+            self._gradless_ids = frozenset(id(p) for p in module.parameters()
+                                           if p.requires_grad and id(p) not in reached)
+            self._gradless = gradless_bytes(module, reached)
         batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
         # in the baseline: the whole LightningModule's parameters and buffers (a head outside the
         # planned submodule saves its weight for backward), and the batch
@@ -529,7 +540,16 @@ class MemPlanCallback(Callback):
 
     def _loop(self) -> TrainingLoop:
         """How the Trainer runs this module's training step (accumulation, manual optimization)."""
-        return TrainingLoop.of(self._trainer, self._lit, self._module)
+        loop = TrainingLoop.of(self._trainer, self._lit, self._module)
+        return dataclasses.replace(loop, gradless_bytes=self._gradless) if self._gradless else loop
+
+    def _optimizer_memory(self) -> OptimizerMemory | None:
+        """The optimizer's memory without the parameters the step gives no gradient (``None`` when
+        every trainable parameter gets one, or there is no optimizer: the forecast's stands)."""
+        optimizer = self._optimizer()
+        if not self._gradless_ids or optimizer is None:
+            return None
+        return optimizer_memory(optimizer, gradless=self._gradless_ids)
 
     def _optimizer(self) -> torch.optim.Optimizer | None:
         trainer = self._trainer
@@ -709,11 +729,13 @@ class MemPlanCallback(Callback):
             + (["with the loss on the outputs measured"] if self.eager_losses else [])) or "again"
 
         def decide() -> MemPlan:
-            if (calls == 1 and not self.eager_losses and not made) or not self._kept_forecasts:
+            if (calls == 1 and not self.eager_losses and not made and not self._gradless) or not self._kept_forecasts:
                 return plan  # nothing new to judge by: the plan stands
-            return rejudge_plan(self._settings, plan, self._kept_forecasts, grad_bytes(module), calls=calls,
-                                new_input_bytes=self._fresh_input_bytes(calls),
-                                eager_loss=self.eager_losses or None, made_input_bytes=made, loop=self._loop())
+            loop = self._loop()
+            return rejudge_plan(self._settings, plan, self._kept_forecasts, step_grad_bytes(module, loop),
+                                calls=calls, new_input_bytes=self._fresh_input_bytes(calls),
+                                eager_loss=self.eager_losses or None, made_input_bytes=made, loop=loop,
+                                optimizer=self._optimizer_memory())
 
         try:
             lockstep = forward_has_collectives(module)
@@ -751,7 +773,7 @@ class MemPlanCallback(Callback):
         (:meth:`~lightning_memplan.forecasting.Forecast.with_eager_loss`)."""
         calls, losses, made = self.forward_calls_per_step, self.eager_losses, self._made_inputs
         plan, fc = self.plan, self.forecast
-        if plan is None or (calls <= 1 and not losses and not made):
+        if plan is None or (calls <= 1 and not losses and not made and not self._gradless):
             return
         if fc is None or fc.peak_bytes is None:
             if calls > 1:
@@ -760,8 +782,11 @@ class MemPlanCallback(Callback):
                     "there is no forecast to lay out for them.", MemPlanWarning, stacklevel=3)
             return
         try:
+            loop = self._loop()
+            assert self._module is not None
             plan, fc = lay_out_step(plan, fc, calls=calls, new_input_bytes=self._fresh_input_bytes(calls),
-                                    eager_losses=losses, made_input_bytes=self._made_inputs, loop=self._loop())
+                                    eager_losses=losses, made_input_bytes=self._made_inputs, loop=loop,
+                                    grads=step_grad_bytes(self._module, loop), optimizer=self._optimizer_memory())
         except Exception as exc:  # noqa: BLE001 - the plain prediction stands; training goes on
             warnings.warn(f"MemPlanCallback: laying the forecast out for the step the first batch ran failed "
                           f"({exc!r}); the prediction covers one call of the compiled graphs.",

@@ -230,6 +230,8 @@ class RegionCapture:
     #: the backward returns for them; and the largest one's.
     param_grad_bytes: int = 0
     param_grad_max: int = 0
+    #: ``id``s of those trainable parameters (the module's own ``nn.Parameter`` objects).
+    param_ids: frozenset[int] = frozenset()
     #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
     compile_seconds: float = 0.0
     #: Seconds spent recording inside that time (graph snapshots, inductor schedule estimates).
@@ -575,6 +577,7 @@ class MemplanBackend:
                      if isinstance(e, nn.Parameter) and e.requires_grad}
         region.param_grad_bytes = int(sum(trainable.values()))
         region.param_grad_max = int(max(trainable.values(), default=0))
+        region.param_ids = frozenset(id(e) for e in example_inputs if isinstance(e, nn.Parameter) and e.requires_grad)
         self.regions.append(region)
         for regions in (*self._sweep_regions.values(), *self._remat_regions.values()):
             regions.append(RegionCapture(index=region.index))

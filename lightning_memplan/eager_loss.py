@@ -29,7 +29,7 @@ from . import _compat
 from .measure import PeakWindow
 
 __all__ = ["CallOutputs", "EagerCalls", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss",
-           "measure_eager_losses"]
+           "measure_eager_losses", "parameters_reached"]
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,17 @@ def _reach(root: Any, stops: dict[int, int]) -> tuple[dict[int, Any], dict[int, 
         if key not in stops:
             stack.extend((n, False) for n, _ in node.next_functions if n is not None)
     return nodes, reach
+
+
+def parameters_reached(loss: torch.Tensor) -> set[int]:
+    """``id``s of the leaf tensors whose gradients ``loss``'s backward accumulates: the
+    ``AccumulateGrad`` nodes its autograd graph reaches, through compiled regions' backward nodes
+    too. A trainable parameter not among them gets no gradient in this step (its ``.grad`` stays
+    None); empty when ``loss`` has no autograd graph."""
+    if loss.grad_fn is None:
+        return set()
+    nodes, _ = _reach(loss.grad_fn, {})
+    return {id(v) for v in (getattr(n, "variable", None) for n in nodes.values()) if isinstance(v, torch.Tensor)}
 
 
 def _inner_edges(calls: Sequence[CallOutputs]) -> set[tuple[int, int]]:

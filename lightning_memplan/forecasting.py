@@ -278,6 +278,22 @@ class Forecast:
             return self
         return self._laid_out(self._calls, self._extra, losses, self._made)
 
+    def with_optimizer_memory(self, optimizer: OptimizerMemory) -> Forecast:
+        """This forecast with another prediction of the optimizer's memory (one that leaves out the
+        parameters the step gives no gradient: ``optimizer_memory(opt, gradless=...)``): its state in
+        the baseline and the breakdown, its step's temporaries in the timeline. Laid out again
+        (nothing is compiled), as :meth:`repeated`; calls, eager losses and inputs made in the step
+        stay; the allocation stream and the CUDA allocator model are not (``None``)."""
+        if not self._parts or self.peak_bytes is None or self.breakdown is None:
+            return self
+        plans, executions, old, overlay, early = self._parts
+        before = old.state_bytes if old is not None else 0
+        fc = dataclasses.replace(
+            self, optimizer=optimizer, _parts=(plans, executions, optimizer, overlay, early),
+            baseline_bytes=self.baseline_bytes - before + optimizer.state_bytes,
+            breakdown=dataclasses.replace(self.breakdown, optimizer_state=optimizer.state_bytes))
+        return fc._laid_out(self._calls, self._extra, self.eager_losses, self._made, relaid=True)
+
     @property
     def eager_loss(self) -> EagerLoss | None:
         """The eager loss laid in (:meth:`with_eager_loss`) when the step calls the model once;
@@ -285,7 +301,8 @@ class Forecast:
         or there are several calls (:attr:`eager_losses`)."""
         return self.eager_losses[0] if len(self.eager_losses) == 1 else None
 
-    def _laid_out(self, calls: int, extra: tuple[int, ...], losses: tuple[EagerLoss, ...], made: int) -> Forecast:
+    def _laid_out(self, calls: int, extra: tuple[int, ...], losses: tuple[EagerLoss, ...], made: int, *,
+                  relaid: bool = False) -> Forecast:
         """The timeline laid out again from the compiled plans for ``calls`` calls per step
         (``extra``: fresh input bytes of each later call) with ``losses`` (none, or one per call)
         laid in and ``made`` bytes of the first call's inputs made in the step (see
@@ -326,7 +343,7 @@ class Forecast:
             notes.append("the eager code between the forward and the backward (the loss on the outputs) is laid in "
                          "from one measured step")
         per_call = max(1, self._calls)
-        relaid = bool(calls > 1 or losses or made)
+        relaid = bool(relaid or calls > 1 or losses or made)
         return dataclasses.replace(
             self, peak_bytes=peak, requested_peak_bytes=peak, timeline=tuple(timeline),
             baseline_bytes=self.baseline_bytes + self._made - made,
@@ -356,6 +373,16 @@ class Forecast:
         if backend is None:
             return None
         return int(sum(r.param_grad_bytes for r in backend.regions))
+
+    @property
+    def compiled_parameter_ids(self) -> frozenset[int] | None:
+        """``id``s of the trainable parameters the compiled graphs take as inputs (the model's own
+        ``nn.Parameter`` objects; under FSDP2 the unsharded ones of the forward); ``None`` when
+        unknown (a detached forecast)."""
+        backend = self._backend
+        if backend is None:
+            return None
+        return frozenset().union(*(r.param_ids for r in backend.regions))
 
     @functools.cached_property
     def torch_fx_estimate_bytes(self) -> int | None:

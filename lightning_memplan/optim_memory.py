@@ -12,6 +12,7 @@ All sizes are bytes; CPU scalar tensors (Adam's ``step``) are counted like any o
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,8 +115,12 @@ def _to_meta(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t, device="meta")
 
 
-def optimizer_memory(optimizer: torch.optim.Optimizer) -> OptimizerMemory:
+def optimizer_memory(optimizer: torch.optim.Optimizer, *, gradless: Collection[int] = ()) -> OptimizerMemory:
     """Predict the optimizer's steady-state state bytes and the temporaries of one step.
+
+    ``gradless``: ``id``s of parameters the training step gives no gradient (nothing reads them):
+    torch's optimizers skip them, so they get no state and no temporaries (their existing state,
+    if any, still counts).
 
     Never raises for an optimizer it cannot simulate: ``problem`` says why, and the step peak is 0.
     """
@@ -136,7 +141,7 @@ def optimizer_memory(optimizer: torch.optim.Optimizer) -> OptimizerMemory:
             groups.append({**opts, "params": [meta[id(p)] for p in g["params"]]})
         clone = type(optimizer)(groups)
         for p in params:
-            if p.requires_grad:
+            if p.requires_grad and id(p) not in gradless:
                 meta[id(p)].grad = torch.empty_like(meta[id(p)])
         if has_state:
             for p, s in optimizer.state.items():

@@ -18,13 +18,15 @@ from torch import nn
 
 from .checkpointing import CheckpointPolicy, _policy_classes, checkpoint_candidates, resolve_blocks
 from .eager_loss import EagerLoss
+from .optim_memory import OptimizerMemory
 from .plan import MemPlan
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, PlanDoesNotFit, rejudge, search
 from .units import parse_bytes
 
 __all__ = [
     "PlanSettings", "PlanWarning", "TrainingLoop", "decide_plan", "forecast_plan", "lightning_step_memory",
-    "lightning_step_peak", "lightning_step_timeline", "rejudge_plan", "uncompiled_warnings",
+    "gradless_bytes", "lightning_step_peak", "lightning_step_timeline", "rejudge_plan", "step_grad_bytes",
+    "uncompiled_warnings",
 ]
 
 
@@ -149,6 +151,30 @@ def grad_bytes(module: nn.Module) -> int:
     return total
 
 
+def gradless_bytes(module: nn.Module, reached: Collection[int]) -> int:
+    """Bytes of ``module``'s trainable parameters (unique storages; of a DTensor, this rank's shard)
+    whose ``id`` is not in ``reached`` (:func:`~lightning_memplan.eager_loss.parameters_reached` of a
+    step's loss): the step gives them no gradient."""
+    from ._compat import local_tensor, storage_key
+
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if p.requires_grad and id(p) not in reached:
+            t = local_tensor(p)
+            key = storage_key(t)
+            if key not in seen:
+                seen.add(key)
+                total += int(t.untyped_storage().nbytes())
+    return total
+
+
+def step_grad_bytes(module: nn.Module, loop: TrainingLoop) -> int:
+    """Bytes of the gradients ``module``'s parameters hold between steps of ``loop``:
+    :func:`grad_bytes` less the parameters the step gives none (``loop.gradless_bytes``)."""
+    return max(grad_bytes(module) - loop.gradless_bytes, 0)
+
+
 @dataclass(frozen=True)
 class TrainingLoop:
     """How Lightning runs the training step around the compiled forward: what decides which
@@ -167,12 +193,17 @@ class TrainingLoop:
     """Bytes of the planned module's parameters between steps when they differ from what its
     forecast counted (FSDP2: each parameter's padded shard, while the forecast, run inside the
     root's forward, saw the root's own parameters unsharded); ``None``: as the forecast counted."""
+    gradless_bytes: int = 0
+    """Bytes of the planned module's trainable parameters that the step gives no gradient (no path
+    from the loss reaches them: a head only validation uses), so they hold none between steps
+    (:func:`gradless_bytes`, from the first batch's loss); 0 until that is known."""
 
     def __post_init__(self) -> None:
         n = self.accumulate_grad_batches
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`accumulate_grad_batches={n!r}` must be an int >= 1 (Lightning's Trainer argument).")
-        for name, v in (("resident_bytes", self.resident_bytes), ("param_bytes", self.param_bytes)):
+        for name, v in (("resident_bytes", self.resident_bytes), ("param_bytes", self.param_bytes),
+                        ("gradless_bytes", self.gradless_bytes)):
             if v is None and name == "param_bytes":
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -350,7 +381,7 @@ def decide_plan(
                        backend=settings.backend, reason="budget given")
     sets = checkpoint_candidates(resolve_blocks(module, settings.checkpoint))
     target = BoundForward(module, forward, kwargs)
-    grads = grad_bytes(module)
+    grads = step_grad_bytes(module, loop)
     try:
         result = search(target, tuple(args), budgets=settings.candidate_budgets,
                         checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
@@ -388,14 +419,16 @@ def rejudge_plan(
     eager_loss: EagerLoss | Sequence[EagerLoss] | None = None,
     made_input_bytes: int = 0,
     loop: TrainingLoop = TrainingLoop(),
+    optimizer: OptimizerMemory | None = None,
 ) -> MemPlan:
     """``plan``'s candidates judged again for a training step that calls the model ``calls`` times
     (``Forecast.repeated``; ``new_input_bytes`` as it takes them) with the measured ``eager_loss``
     (one per call) laid in (``Forecast.with_eager_loss``) and the first call's inputs the step made
     (``Forecast.with_inputs_made_in_step``), and chosen again, as
     :func:`decide_plan` chooses; nothing is compiled. ``grads``: gradient bytes live when a step
-    starts (see :func:`lightning_step_memory`). When nothing fits ``max_memory``, the smallest plan
-    (as :func:`decide_plan`, without a warning: the caller reports it).
+    starts (see :func:`lightning_step_memory`); ``optimizer``: the optimizer's memory, when it
+    differs from the forecasts' (``Forecast.with_optimizer_memory``). When nothing fits
+    ``max_memory``, the smallest plan (as :func:`decide_plan`, without a warning: the caller reports it).
 
     Raises:
         ValueError: ``forecasts`` does not match ``plan.candidates``.
@@ -404,6 +437,8 @@ def rejudge_plan(
                                       loop)
 
     def judge(fc: Any) -> tuple[int, int | None]:
+        if optimizer is not None:
+            fc = fc.with_optimizer_memory(optimizer)
         return lightning_step_memory(_step_forecast(fc, calls=calls, new_input_bytes=new_input_bytes,
                                                     eager_losses=losses, made_input_bytes=made_input_bytes),
                                      grads + eager_grads, loop)
@@ -486,25 +521,35 @@ def _step_forecast(fc: Any, *, calls: int, new_input_bytes: int | Sequence[int],
 
 def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | Sequence[int] = 0,
                  eager_losses: Sequence[EagerLoss] = (), made_input_bytes: int = 0,
-                 loop: TrainingLoop = TrainingLoop()) -> tuple[MemPlan, Any]:
+                 loop: TrainingLoop = TrainingLoop(), grads: int | None = None,
+                 optimizer: OptimizerMemory | None = None) -> tuple[MemPlan, Any]:
     """``plan`` and its forecast ``fc`` laid out for the step the first batch showed (nothing is
     compiled): ``calls`` calls of the forward per step (``Forecast.repeated``, ``new_input_bytes``
     as it takes them), the eager code between the forward and the backward (``eager_losses``,
     one per call; ``Forecast.with_eager_loss``) and the first call's inputs the step made
     (``made_input_bytes``; ``Forecast.with_inputs_made_in_step``). The plan's prediction, baseline
-    and activations are those of the Lightning step ``loop`` runs (:func:`lightning_step_memory`).
-    Returns them unchanged when there is nothing to lay out or no forecast. Raises what the layout
-    raises."""
-    if (calls <= 1 and not eager_losses and not made_input_bytes) or fc is None or fc.peak_bytes is None:
+    and activations are those of the Lightning step ``loop`` runs (:func:`lightning_step_memory`),
+    with ``grads`` bytes of the planned module's gradients between steps (:func:`step_grad_bytes`;
+    default: the plan's breakdown) and ``optimizer``'s prediction of the optimizer's memory
+    (``Forecast.with_optimizer_memory``; default: the forecast's). Returns them unchanged when there
+    is nothing to lay out or no forecast. Raises what the layout raises."""
+    module_grads = plan.breakdown.get("gradients", 0) if grads is None else grads
+    nothing = (calls <= 1 and not eager_losses and not made_input_bytes and optimizer is None
+               and module_grads == plan.breakdown.get("gradients", 0))
+    if nothing or fc is None or fc.peak_bytes is None:
         return plan, fc
     losses, eager_grads = _as_laid_in(eager_losses, loop)
+    if optimizer is not None:
+        fc = fc.with_optimizer_memory(optimizer)
     fc = _step_forecast(fc, calls=calls, new_input_bytes=new_input_bytes, eager_losses=losses,
                         made_input_bytes=made_input_bytes)
-    grads = plan.breakdown.get("gradients", 0) + eager_grads
+    grads = module_grads + eager_grads
     baseline, peak = lightning_step_memory(fc, grads, loop)
     breakdown = dict(plan.breakdown)
     if fc.breakdown:
-        breakdown.update(activations=fc.breakdown.activations, inputs=fc.breakdown.inputs, gradients=grads)
+        breakdown.update(activations=fc.breakdown.activations, inputs=fc.breakdown.inputs, gradients=grads,
+                         optimizer_state=fc.breakdown.optimizer_state,
+                         optimizer_temporaries=fc.breakdown.optimizer_temporaries)
         if "fsdp_buffers" in breakdown:  # those live at the new peak
             breakdown["fsdp_buffers"] = fc.breakdown.fsdp_buffers
     return dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline, breakdown=breakdown), fc
@@ -532,7 +577,7 @@ def forecast_plan(
                   optimizer=optimizer)
     if fc.peak_bytes is None:
         return plan, fc
-    grads = grad_bytes(module)
+    grads = step_grad_bytes(module, loop)
     breakdown: dict[str, int] = {}
     if fc.breakdown is not None:
         b = fc.breakdown

@@ -24,7 +24,8 @@ from torch import nn
 
 from . import _compat
 from .checkpointing import CheckpointPolicy, checkpointed
-from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses
+from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
+from .optim_memory import optimizer_memory
 from .plan import MemPlan
 from .planner import (
     PlanSettings,
@@ -35,11 +36,13 @@ from .planner import (
     forecast_plan,
     fresh_input_bytes,
     grad_bytes,
+    gradless_bytes,
     input_storages,
     lay_out_step,
     made_input_bytes,
     rejudge_plan,
     resolve_submodule,
+    step_grad_bytes,
     storage_keys,
     uncompiled_warnings,
 )
@@ -110,6 +113,9 @@ class _ProbedStep:
     eager_losses: tuple[EagerLoss, ...]
     #: Bytes of the first call's inputs training_step made (not in the batch).
     made: int
+    #: ``id``s of the parameters the loss's eager code gives gradients (the forward ran without
+    #: autograd here: its own parameters are the compiled graphs', ``Forecast.compiled_parameter_ids``).
+    reached: frozenset[int] = frozenset()
 
 
 def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: torch.device) -> _ProbedStep | None:
@@ -165,7 +171,7 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         before = storage_keys(batch, target)
         return _ProbedStep(args=first[0][0], kwargs=first[0][1], calls=len(noted),
                            fresh=fresh_input_bytes(inputs, len(noted), before), eager_losses=losses,
-                           made=made_input_bytes(inputs, before))
+                           made=made_input_bytes(inputs, before), reached=frozenset(parameters_reached(loss)))
     except Exception as exc:  # noqa: BLE001 - planned without it
         rank_zero_info(f"plan_memory: running training_step once to measure the loss on the outputs failed "
                        f"({exc!r}); planning the compiled forward alone.")
@@ -293,8 +299,17 @@ def plan_memory(
             for message in uncompiled_warnings(target, fc):
                 warnings.warn(f"plan_memory: {message}", PlanWarning, stacklevel=2)
             if step is not None:
+                compiled, opt_mem = fc.compiled_parameter_ids, None
+                if compiled is not None and not _compat.fsdp_kinds(target).fsdp2:
+                    # the parameters neither the compiled forward nor the eager code reads get no gradient
+                    reached = compiled | step.reached
+                    loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(target, reached))
+                    gradless = {id(p) for p in target.parameters() if p.requires_grad and id(p) not in reached}
+                    if gradless and optimizer is not None:
+                        opt_mem = optimizer_memory(optimizer, gradless=gradless)
                 plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
-                                       eager_losses=step.eager_losses, made_input_bytes=step.made, loop=loop)
+                                       eager_losses=step.eager_losses, made_input_bytes=step.made, loop=loop,
+                                       grads=step_grad_bytes(target, loop), optimizer=opt_mem)
     finally:
         model.to(home)
         model.train(was_training)

@@ -225,3 +225,12 @@ class Recurrent(TinyNet):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.lstm(self.proj(x).unsqueeze(1).expand(-1, 8, -1))[0][:, -1])
+
+
+class UnusedHead(TinyNet):
+    """TinyNet with a trainable head that training never calls (a validation-only or leftover
+    module): its 264 KB of parameters never get a gradient, so they hold none between steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Linear(32, 2048)

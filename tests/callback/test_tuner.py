@@ -12,7 +12,7 @@ from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner import PlanWarning
 from lightning_memplan.tuner import plan_memory
 
-from .models import BytesIn, Recurrent, TinyNet, WideHeadAccuracy, WideHeadTwoViews, Wrapper
+from .models import BytesIn, Recurrent, TinyNet, UnusedHead, WideHeadAccuracy, WideHeadTwoViews, Wrapper
 
 
 def test_plan_memory_then_train_from_the_json(tmp_path: Path) -> None:
@@ -61,6 +61,19 @@ def test_plan_memory_warns_of_what_runs_uncompiled() -> None:
     # eagerly unless allow_rnn, so the plan misses it
     with pytest.warns(PlanWarning, match=r"plan_memory: the recurrent modules 'lstm' run eagerly"):
         plan_memory(_trainer(), Recurrent(), budget=0.5, backend="aot_eager")
+
+
+def test_plan_memory_counts_no_gradients_for_parameters_nothing_reads() -> None:
+    # the compiled forward's parameters and those the loss reads get gradients; the unused head's
+    # do not: plan_memory predicts what the fit does (see test_parameters_the_step_never_uses_hold_no_gradients)
+    model = UnusedHead()
+    plan = plan_memory(_trainer(), model, budget=0.5, backend="aot_eager")
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2, verbose=False, log_plots=False)
+    _trainer(callbacks=[cb]).fit(model)
+    unused = sum(p.numel() * 4 for p in model.unused.parameters())
+    assert plan.breakdown["gradients"] == cb.plan.breakdown["gradients"] == sum(
+        p.numel() * 4 for p in model.parameters()) - unused
+    assert plan.predicted_peak_bytes == cb.plan.predicted_peak_bytes
 
 
 def _trainer(**kw: object) -> Trainer:

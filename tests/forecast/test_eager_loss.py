@@ -16,6 +16,7 @@ from lightning_memplan.eager_loss import (
     eager_loss_events,
     measure_eager_loss,
     measure_eager_losses,
+    parameters_reached,
 )
 
 
@@ -182,3 +183,16 @@ def test_an_output_a_later_region_computes_the_loss_from_is_not_counted_again() 
     del logits
     (m,) = measure_eager_losses(loss, [noted.now()], exclude=[*model.parameters()])
     assert (m.outputs_bytes, m.kept_bytes, m.output_grad_bytes) == (4, 0, 4), m
+
+
+def test_the_parameters_a_loss_reaches_through_compiled_and_eager_code() -> None:
+    # the compiled region's backward node leads to its parameters' AccumulateGrad nodes; an eager
+    # head after it is reached directly; a module nothing calls is not (it gets no gradient)
+    model, x, out = _compiled_head(8)
+    head, unused = nn.Linear(8, 4), nn.Linear(8, 4)
+    loss = head(out).sum()
+    reached = parameters_reached(loss)
+    assert {id(p) for p in [*model.parameters(), *head.parameters()]} <= reached
+    assert not reached & {id(p) for p in unused.parameters()}
+    assert id(x) not in reached  # the batch does not require grad
+    assert parameters_reached(out.detach().sum()) == set()

@@ -356,3 +356,23 @@ def test_cuda_forecast_is_the_caching_allocators_peak() -> None:
     print(f"\ncuda attention: allocator forecast {fc.peak_bytes} B, requested forecast {fc.requested_peak_bytes} B, "
           f"measured {measured} B, reserved forecast {sim.reserved_peak_bytes} B vs {torch.cuda.memory_reserved()} B")
     assert fc.peak_bytes == pytest.approx(measured, rel=0.05)
+
+
+def test_with_optimizer_memory_lays_out_the_step_the_optimizer_takes() -> None:
+    # the optimizer also holds a layer the model never calls: the real step skips it (no gradient),
+    # forecast() counted its state and step temporaries; with_optimizer_memory lays out the real one
+    from lightning_memplan.optim_memory import optimizer_memory
+
+    torch.manual_seed(0)
+    model, extra = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)), nn.Linear(256, 512)
+    opt = torch.optim.AdamW([*model.parameters(), *extra.parameters()], foreach=True)
+    fc = forecast(model, (torch.randn(4, 256),), budget=1.0, backend="aot_eager", optimizer=opt)
+    fixed = fc.with_optimizer_memory(optimizer_memory(opt, gradless={id(p) for p in extra.parameters()}))
+    for _ in range(2):
+        fc.step()
+    measured = measure_peak(fc.step)
+    assert abs(fixed.peak_bytes - measured) <= 0.01 * measured < fc.peak_bytes - measured
+    skipped = fc.optimizer.state_bytes - fixed.optimizer.state_bytes
+    assert skipped >= 2 * 4 * sum(p.numel() for p in extra.parameters())  # AdamW's two moments
+    assert fixed.baseline_bytes == fc.baseline_bytes - skipped
+    assert fixed.breakdown.optimizer_state == fc.breakdown.optimizer_state - skipped

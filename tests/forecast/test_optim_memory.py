@@ -66,3 +66,26 @@ def test_unsimulatable_optimizer_is_reported() -> None:
 
     pred = optimizer_memory(Weird(nn.Linear(2, 2).parameters(), lr=0.1))
     assert pred.step_peak_bytes == 0 and "could not simulate Weird.step()" in pred.problem
+
+
+def test_parameters_without_gradients_get_no_state_and_no_temporaries() -> None:
+    # torch's optimizers skip a parameter whose .grad is None (a head nothing reads): it gets no
+    # state and no step temporaries; optimizer_memory(gradless=...) predicts that step
+    torch.manual_seed(0)
+    used, unused = nn.Linear(128, 64), nn.Linear(64, 512)
+    opt = torch.optim.AdamW([*used.parameters(), *unused.parameters()], foreach=True)
+    every = optimizer_memory(opt)
+    pred = optimizer_memory(opt, gradless={id(p) for p in unused.parameters()})
+    for p in used.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert pred.state_bytes == state_bytes(opt) < every.state_bytes
+    for p in used.parameters():
+        p.grad = torch.randn_like(p)
+
+    def step() -> None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    measured = measure_peak(step, device="cpu")
+    assert abs(pred.step_peak_bytes - measured) <= 64 < every.step_peak_bytes - measured
