@@ -247,6 +247,7 @@ class MemPlanCallback(Callback):
         #: not reach (they get no gradient; see TrainingLoop.gradless_bytes).
         self._gradless_ids: frozenset[int] = frozenset()
         self._gradless = 0
+        self._first_batch_backwards = 0  # backward passes in the first batch (manual optimization: may be several)
         #: This rank's search's candidate forecasts (plain data), kept through the first batch to
         #: judge the candidates again when training_step calls the forward several times.
         self._kept_forecasts: tuple[Any, ...] = ()
@@ -436,6 +437,8 @@ class MemPlanCallback(Callback):
         """First batch: measure the eager code between the forward's calls and the backward (the
         loss on the outputs, metrics; :func:`~lightning_memplan.eager_loss.measure_eager_losses`)."""
         self._close_eager_window()
+        if self._fit_batches == 1:
+            self._first_batch_backwards += 1
         outputs, self._outputs = self._outputs, None
         if (outputs is None or self._fit_batches != 1 or self.plan is None or self.fallback_reason is not None
                 or len(outputs.calls) != self.forward_calls_per_step or not any(o.edges for o in outputs.calls)
@@ -675,6 +678,15 @@ class MemPlanCallback(Callback):
             if self.plan is not None and self.forward_calls_per_step >= 1:
                 self._rejudge(self.forward_calls_per_step)  # every rank: rank 0 decides with its measurement
                 self._forecast_step()
+            if self.plan is not None and self._first_batch_backwards > 1:
+                warnings.warn(
+                    f"MemPlanCallback: training_step ran {self._first_batch_backwards} backward passes in one "
+                    "batch (manual optimization, e.g. a GAN's generator and discriminator steps). The forecast "
+                    "covers the planned forward's calls, the code on their outputs, one backward and one "
+                    "optimizer step; what runs after the first backward (another model's forward, backward and "
+                    "optimizer step) is not forecast, so the measured peak (memplan/measured_peak_bytes) can be "
+                    "higher than predicted. Plan the part that dominates memory (`submodule=`), or check "
+                    "memplan/prediction_error.", MemPlanWarning, stacklevel=2)
             self._kept_forecasts = ()
             if not self._may_replan():
                 self._example = None  # no re-plan can follow: do not hold on to the first batch

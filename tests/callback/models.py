@@ -234,3 +234,36 @@ class UnusedHead(TinyNet):
     def __init__(self) -> None:
         super().__init__()
         self.unused = nn.Linear(32, 2048)
+
+
+class TwoPhaseGAN(LightningModule):
+    """Lightning's GAN pattern: manual optimization with two optimizers, the generator's backward
+    and step, then the discriminator's forward, backward and step in the same training_step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.gen = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.disc = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.gen(z)
+
+    def training_step(self, batch: tuple[torch.Tensor], batch_idx: int) -> None:
+        (x,) = batch
+        opt_g, opt_d = self.optimizers()
+        bce = nn.functional.binary_cross_entropy_with_logits
+        fake = self(torch.randn(x.shape[0], 8))
+        opt_g.zero_grad()
+        self.manual_backward(bce(self.disc(fake), torch.ones(x.shape[0], 1)))
+        opt_g.step()
+        real, faked = self.disc(x), self.disc(fake.detach())
+        opt_d.zero_grad()
+        self.manual_backward(bce(real, torch.ones_like(real)) + bce(faked, torch.zeros_like(faked)))
+        opt_d.step()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [torch.optim.Adam(self.gen.parameters(), 2e-4), torch.optim.Adam(self.disc.parameters(), 2e-4)]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.randn(48, 16, generator=torch.Generator().manual_seed(0))), batch_size=16)
