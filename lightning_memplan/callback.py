@@ -247,7 +247,7 @@ class MemPlanCallback(Callback):
         #: not reach (they get no gradient; see TrainingLoop.gradless_bytes).
         self._gradless_ids: frozenset[int] = frozenset()
         self._gradless = 0
-        self._first_batch_backwards = 0  # backward passes in the first batch (manual optimization: may be several)
+        self._first_batch_backwards = 0  # backward passes in the first batch (manual optimization: several)
         #: This rank's search's candidate forecasts (plain data), kept through the first batch to
         #: judge the candidates again when training_step calls the forward several times.
         self._kept_forecasts: tuple[Any, ...] = ()
@@ -448,7 +448,9 @@ class MemPlanCallback(Callback):
         assert module is not None
         from ._compat import tree_leaves
 
-        if not self._fsdp2:  # (FSDP2's autograd graph holds the unsharded parameters, not the module's)
+        # which parameters get no gradient: with automatic optimization this backward is the step's
+        # only one (under FSDP2 the graph holds the unsharded parameters, not the module's)
+        if not self._fsdp2 and self._loop().automatic_optimization:
             reached = parameters_reached(loss)
             self._gradless_ids = frozenset(id(p) for p in module.parameters()
                                            if p.requires_grad and id(p) not in reached)

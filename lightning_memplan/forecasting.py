@@ -57,13 +57,13 @@ from lightning_memplan.compile import (
     memplan_backend,
     resolve_solver,
 )
+from lightning_memplan.eager_loss import EagerLoss, eager_loss_events
 from lightning_memplan.estimator import (
     GRADIENTS,
     RegionMemory,
     node_device,
     profile_region,
 )
-from lightning_memplan.eager_loss import EagerLoss, eager_loss_events
 from lightning_memplan.fsdp_memory import Collectives, Point, fsdp_step_events
 from lightning_memplan.fsdp_memory import Event as FsdpEvent
 from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory

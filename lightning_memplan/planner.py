@@ -152,20 +152,18 @@ def grad_bytes(module: nn.Module) -> int:
 
 
 def gradless_bytes(module: nn.Module, reached: Collection[int]) -> int:
-    """Bytes of ``module``'s trainable parameters (unique storages; of a DTensor, this rank's shard)
-    whose ``id`` is not in ``reached`` (:func:`~lightning_memplan.eager_loss.parameters_reached` of a
-    step's loss): the step gives them no gradient."""
-    from ._compat import local_tensor, storage_key
+    """Bytes of the gradients :func:`grad_bytes` counts for ``module``'s trainable parameters whose
+    ``id`` is not in ``reached`` (:func:`~lightning_memplan.eager_loss.parameters_reached` of a
+    step's loss): the step gives them none."""
+    from ._compat import local_tensor
 
     seen: set[int] = set()
     total = 0
     for p in module.parameters():
-        if p.requires_grad and id(p) not in reached:
+        if p.requires_grad and id(p) not in reached and id(p) not in seen:
+            seen.add(id(p))
             t = local_tensor(p)
-            key = storage_key(t)
-            if key not in seen:
-                seen.add(key)
-                total += int(t.untyped_storage().nbytes())
+            total += t.numel() * t.element_size()
     return total
 
 

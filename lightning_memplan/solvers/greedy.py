@@ -9,6 +9,7 @@ unless they are zero-size.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 
 from ._problem import fill_by_density, split_result, validate
