@@ -38,6 +38,7 @@ from .planner import (
     TrainingLoop,
     check_submodule,
     decide_plan,
+    eager_forward_warning,
     forecast_plan,
     fresh_input_bytes,
     gradless_bytes,
@@ -455,6 +456,7 @@ class MemPlanCallback(Callback):
             self._gradless_ids = frozenset(id(p) for p in module.parameters()
                                            if p.requires_grad and id(p) not in reached)
             self._gradless = gradless_bytes(module, reached)
+            self._warn_eager_forward(module, loss, reached, outputs)
         batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
         # in the baseline: the whole LightningModule's parameters and buffers (a head outside the
         # planned submodule saves its weight for backward), and the batch
@@ -466,6 +468,21 @@ class MemPlanCallback(Callback):
         except Exception as exc:  # noqa: BLE001 - the forecast goes on without it
             rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
                            "the compiled graphs only.")
+
+    def _warn_eager_forward(self, module: nn.Module, loss: torch.Tensor, reached: set[int],
+                            outputs: EagerCalls) -> None:
+        """Warn when the loss reaches parameters of the module that neither a compiled graph nor
+        the code after the forward's calls read: the forward ran their layers eagerly (unless a
+        plainer warning, :func:`~lightning_memplan.planner.uncompiled_warnings`, said so already)."""
+        fc = self.forecast
+        compiled = fc.compiled_parameter_ids if fc is not None else None
+        if compiled is None or uncompiled_warnings(module, fc):
+            return
+        after = parameters_reached(loss, stop_at=[e for c in outputs.calls for e in c.edges])
+        eager = {id(p) for p in module.parameters() if id(p) in reached and id(p) not in compiled | after}
+        message = eager_forward_warning(module, eager)
+        if message:
+            warnings.warn(f"MemPlanCallback: {message}", MemPlanWarning, stacklevel=3)
 
     @property
     def eager_loss(self) -> EagerLoss | None:

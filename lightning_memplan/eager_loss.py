@@ -276,15 +276,18 @@ def _reach(root: Any, stops: dict[int, int]) -> tuple[dict[int, Any], dict[int, 
     return nodes, reach
 
 
-def parameters_reached(loss: torch.Tensor) -> set[int]:
+def parameters_reached(loss: torch.Tensor, stop_at: Iterable[GradientEdge] = ()) -> set[int]:
     """``id``s of the leaf tensors whose gradients ``loss``'s backward accumulates: the
     ``AccumulateGrad`` nodes its autograd graph reaches, through compiled regions' backward nodes
     too. A trainable parameter not among them gets no gradient in this step (its ``.grad`` stays
-    None); empty when ``loss`` has no autograd graph."""
+    None); empty when ``loss`` has no autograd graph. ``stop_at``: the walk does not go past these
+    edges' nodes (a call's outputs: then only the parameters the code after the call reads)."""
     if loss.grad_fn is None:
         return set()
-    nodes, _ = _reach(loss.grad_fn, {})
-    return {id(v) for v in (getattr(n, "variable", None) for n in nodes.values()) if isinstance(v, torch.Tensor)}
+    nodes, _ = _reach(loss.grad_fn, {id(e.node): 0 for e in stop_at})
+    stops = {id(e.node) for e in stop_at}
+    return {id(v) for k, v in ((k, getattr(n, "variable", None)) for k, n in nodes.items())
+            if k not in stops and isinstance(v, torch.Tensor)}
 
 
 def _inner_edges(calls: Sequence[CallOutputs]) -> set[tuple[int, int]]:

@@ -24,7 +24,8 @@ from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, PlanDoesNotFit, reju
 from .units import parse_bytes
 
 __all__ = [
-    "PlanSettings", "PlanWarning", "TrainingLoop", "decide_plan", "forecast_plan", "lightning_step_memory",
+    "PlanSettings", "PlanWarning", "TrainingLoop", "decide_plan", "eager_forward_warning", "forecast_plan",
+    "lightning_step_memory",
     "gradless_bytes", "lightning_step_peak", "lightning_step_timeline", "rejudge_plan", "step_grad_bytes",
     "uncompiled_warnings",
 ]
@@ -286,6 +287,25 @@ def uncompiled_warnings(module: nn.Module, fc: Any) -> list[str]:
             "= True` before fitting to compile and plan them (torch marks it experimental: where the compile "
             "fails, training goes on uncompiled, with a warning).")
     return out
+
+
+def eager_forward_warning(module: nn.Module, ids: Collection[int]) -> str | None:
+    """A message naming the modules of ``module`` whose trainable parameters (``ids``) the forward
+    read outside every compiled graph (their layers ran eagerly inside it: a function dynamo is
+    told not to trace, code in a frame it skipped), with their bytes; ``None`` when there are none.
+    Their activations are neither planned nor forecast."""
+    owners: dict[str, int] = {}
+    for name, p in module.named_parameters():
+        if id(p) in ids:
+            owner = name.rsplit(".", 1)[0] if "." in name else "(the module itself)"
+            owners[owner] = owners.get(owner, 0) + p.numel() * p.element_size()
+    if not owners:
+        return None
+    shown = ", ".join(repr(n) for n in list(owners)[:4]) + (f" and {len(owners) - 4} more" if len(owners) > 4 else "")
+    return (f"the forward ran the layers of {shown} ({sum(owners.values()):,} bytes of trainable parameters) outside "
+            "every compiled graph (a function dynamo does not trace, or code in a frame it skipped), so the plan "
+            "does not reach them and the forecast misses their activations: the measured peak can be higher than "
+            "predicted. TORCH_LOGS=graph_breaks shows why.")
 
 
 def live_grad_bytes(module: nn.Module) -> int:

@@ -267,3 +267,32 @@ class TwoPhaseGAN(LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(torch.randn(48, 16, generator=torch.Generator().manual_seed(0))), batch_size=16)
+
+
+class _NotTraced(nn.Module):
+    """A layer whose forward dynamo is told not to trace (as some libraries mark custom kernels)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+
+    @torch._dynamo.disable
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.fc(x))
+
+
+class EagerMiddle(TinyNet):
+    """TinyNet with a layer in the middle of the forward that runs eagerly (``torch._dynamo.disable``):
+    dynamo compiles the layers before and after it as two graphs."""
+
+    def __init__(self) -> None:
+        super().__init__(width=32, batch=64, batches=3)
+        self.mid = _NotTraced(32)
+        self.down = nn.Linear(128, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks[0](x)
+        x = self.down(self.mid(x))
+        for b in self.blocks[1:]:
+            x = b(x)
+        return self.head(x)

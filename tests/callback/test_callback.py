@@ -19,6 +19,7 @@ from lightning_memplan.search import DEFAULT_REMAT_BUDGETS
 
 from .models import (
     BytesIn,
+    EagerMiddle,
     HeadOutside,
     LossInModel,
     LossInSkippedFrame,
@@ -233,6 +234,18 @@ def test_a_step_with_several_backward_passes_warns_and_trains(tmp_path: Path) ->
         warnings.simplefilter("always", MemPlanWarning)
         _trainer(tmp_path, cb, epochs=1).fit(WideHeadManual())
     assert not [w for w in caught if "backward passes" in str(w.message)]
+
+
+def test_layers_the_forward_runs_eagerly_are_named(tmp_path: Path) -> None:
+    # a layer dynamo is told not to trace, between two compiled graphs: the loss reaches its weight
+    # through neither a compiled graph nor the code after the forward, so the forward ran it
+    # eagerly: its activations are not forecast (this step was predicted 38% low); the callback
+    # names it (TinyNet, compiled whole, does not warn: test_a_forward_dynamo_compiles_nothing_of_warns)
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2, verbose=False, log_plots=False)
+    with pytest.warns(MemPlanWarning, match=r"the forward ran the layers of 'mid.fc' \(16,896 bytes of trainable "
+                                            r"parameters\) outside every compiled graph"):
+        _trainer(tmp_path, cb, epochs=1).fit(EagerMiddle())
+    assert cb.fallback_reason is None
 
 
 def test_plan_file_is_reused_without_search(tmp_path: Path) -> None:

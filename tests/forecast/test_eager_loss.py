@@ -196,3 +196,5 @@ def test_the_parameters_a_loss_reaches_through_compiled_and_eager_code() -> None
     assert not reached & {id(p) for p in unused.parameters()}
     assert id(x) not in reached  # the batch does not require grad
     assert parameters_reached(out.detach().sum()) == set()
+    # stopped at the compiled call's outputs: only what the code after the call reads
+    assert parameters_reached(loss, stop_at=[get_gradient_edge(out)]) == {id(p) for p in head.parameters()}
