@@ -10,9 +10,11 @@ one unit more, or less (a copy of the step before freed in it): the table shows 
 of 5 measurements and their range.
 
 FSDP's hooks break the graph at every unit, and dynamo skips a frame with a graph break inside a loop
-(``Net.forward``'s loop over the blocks): each block's forward is compiled on its own and the head
-runs uncompiled. The forecast then counts the root's gradients but not the head's activations
-(small here: the "big head" rows have a 256 x 256 head, whose parameters stay unsharded all step).
+(``Net.forward``'s loop over the blocks): the forecast compiles each unit's forward on its own
+(``lightning_memplan.unit_compile``; dynamo alone would not compile torch's own
+``nn.TransformerEncoderLayer`` there) and the head runs uncompiled. The forecast then counts the
+root's gradients but not the head's activations (small here: the "big head" rows have a 256 x 256
+head, whose parameters stay unsharded all step).
 
     python benchmarks/fsdp.py                     # CPU, gloo, both backends (7 models x 2 budgets)
     python benchmarks/fsdp.py --backends aot_eager
@@ -34,15 +36,18 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 MiB = 2**20
-#: (name, width, hidden widths of the blocks, head width, batch, mixed precision: (param, reduce) dtype)
+#: (name, width, hidden widths of the blocks, head width, batch, mixed precision: (param, reduce) dtype,
+#: block class: "mlp" (Block below) or "torch" (nn.TransformerEncoderLayer over the batch's rows as one
+#: unbatched sequence, 4 heads))
 MODELS = (
-    ("3 blocks 256/512", 256, (512, 512, 512), 1, 64, None),
-    ("4 blocks 256/512", 256, (512, 512, 512, 512), 1, 64, None),
-    ("3 blocks, sizes differ", 256, (256, 512, 768), 1, 64, None),
-    ("3 blocks, big head", 256, (512, 512, 512), 256, 64, None),
-    ("3 blocks, big batch", 256, (512, 512, 512), 1, 1024, None),
-    ("3 blocks, bf16 / fp32 reduce", 256, (512, 512, 512), 1, 64, (torch.bfloat16, torch.float32)),
-    ("3 blocks, bf16 / bf16 reduce", 256, (512, 512, 512), 1, 64, (torch.bfloat16, None)),
+    ("3 blocks 256/512", 256, (512, 512, 512), 1, 64, None, "mlp"),
+    ("4 blocks 256/512", 256, (512, 512, 512, 512), 1, 64, None, "mlp"),
+    ("3 blocks, sizes differ", 256, (256, 512, 768), 1, 64, None, "mlp"),
+    ("3 blocks, big head", 256, (512, 512, 512), 256, 64, None, "mlp"),
+    ("3 blocks, big batch", 256, (512, 512, 512), 1, 1024, None, "mlp"),
+    ("3 blocks, bf16 / fp32 reduce", 256, (512, 512, 512), 1, 64, (torch.bfloat16, torch.float32), "mlp"),
+    ("3 blocks, bf16 / bf16 reduce", 256, (512, 512, 512), 1, 64, (torch.bfloat16, None), "mlp"),
+    ("3 nn.TransformerEncoderLayer", 256, (512, 512, 512), 1, 256, None, "torch"),
 )
 BUDGETS = (1.0, 0.3)
 
@@ -57,9 +62,11 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    def __init__(self, width: int, hiddens: tuple[int, ...], head: int) -> None:
+    def __init__(self, width: int, hiddens: tuple[int, ...], head: int, kind: str = "mlp") -> None:
         super().__init__()
-        self.blocks = nn.ModuleList([Block(width, h) for h in hiddens])
+        self.blocks = nn.ModuleList([
+            Block(width, h) if kind == "mlp" else nn.TransformerEncoderLayer(width, 4, h, dropout=0.0, batch_first=True)
+            for h in hiddens])
         self.head = nn.Linear(width, head)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +79,7 @@ def _without_fsdp(fc: object) -> int:
     """The forecast's peak laid out without FSDP's buffers (the peer)."""
     from lightning_memplan.forecasting import _executed, _layout
 
-    plans, executions, opt, _ = fc._parts  # type: ignore[attr-defined]
+    plans, executions, opt, _, _ = fc._parts  # type: ignore[attr-defined]
     return _layout(_executed(list(plans), executions), opt)[1]
 
 
@@ -86,13 +93,13 @@ def _rank(rank: int, world: int, models: list[str], backends: list[str], port: s
 
     mesh = init_device_mesh("cpu", (world,))
     rows = []
-    for name, width, hiddens, head, batch, mixed in (m for m in MODELS if m[0] in models):
+    for name, width, hiddens, head, batch, mixed, kind in (m for m in MODELS if m[0] in models):
         policy = {} if mixed is None else {"mp_policy": MixedPrecisionPolicy(param_dtype=mixed[0],
                                                                              reduce_dtype=mixed[1])}
         for backend in backends:
             for budget in BUDGETS:
                 torch.manual_seed(0)
-                net = Net(width, hiddens, head)
+                net = Net(width, hiddens, head, kind)
                 for b in net.blocks:
                     fully_shard(b, mesh=mesh, **policy)
                 fully_shard(net, mesh=mesh, **policy)
