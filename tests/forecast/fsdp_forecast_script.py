@@ -1,6 +1,7 @@
 """Run by test_fsdp_memory.py as a script: ``forecast()`` of FSDP2 models in plain PyTorch, 2 gloo
 processes: blocks of a user class (8 measured steps), then torch's ``nn.TransformerEncoderLayer``
-(4). Each rank writes the forecasts and measured steps to OUT_DIR/rank{r}.json."""
+(4), then those checkpointed (4). Each rank writes the forecasts and measured steps to
+OUT_DIR/rank{r}.json."""
 from __future__ import annotations
 
 import json
@@ -47,26 +48,31 @@ def run(rank: int, out_dir: str, port: str) -> None:
 
     from lightning_memplan import forecast, measure_peak
     from lightning_memplan._compat import fsdp2_units
+    from lightning_memplan.checkpointing import checkpointed
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (2,))
     out = {}
-    for torch_blocks, steps in ((False, 8), (True, 4)):
+    for name, torch_blocks, steps in (("blocks", False, 8), ("torch_blocks", True, 4),
+                                      ("torch_blocks_checkpointed", True, 4)):
         net = Net(128, torch_blocks)
         for b in net.blocks:
             fully_shard(b, mesh=mesh)
         fully_shard(net, mesh=mesh)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-        # before the first forward: FSDP has not decided which unit is the root yet
-        fc = forecast(net, (torch.randn(64, 128),), budget=1.0, backend="aot_eager", optimizer=opt,
-                      loss_fn=lambda y: y.pow(2).mean())
-        for _ in range(2):
-            fc.step()
-        out["torch_blocks" if torch_blocks else "blocks"] = {
+        blocks = [f"blocks.{i}" for i in range(3)] if name.endswith("checkpointed") else []
+        with checkpointed(net, blocks):
+            # before the first forward: FSDP has not decided which unit is the root yet
+            fc = forecast(net, (torch.randn(64, 128),), budget=1.0, backend="aot_eager", optimizer=opt,
+                          loss_fn=lambda y: y.pow(2).mean())
+            for _ in range(2):
+                fc.step()
+            measured = [measure_peak(fc.step) for _ in range(steps)]
+        out[name] = {
             "predicted": fc.peak_bytes, "fsdp_buffers": fc.breakdown.fsdp_buffers, "status": fc.status,
             "backward_graphs": sum(r._graphs[1] is not None for r in fc.regions),
             "compiled_parameter_bytes": fc.compiled_parameter_bytes,
-            "measured": [measure_peak(fc.step) for _ in range(steps)],
+            "measured": measured,
             "unit_bytes": max(u.unsharded_bytes for u in fsdp2_units(net).units),
             "forward_left_patched": any("forward" in m.__dict__ for m in net.modules()),
         }

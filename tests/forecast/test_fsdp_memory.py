@@ -132,7 +132,10 @@ def test_forecast_of_an_fsdp2_model_in_two_processes(tmp_path: Path) -> None:
     The same with torch's ``nn.TransformerEncoderLayer`` as the units: FSDP's hooks break the graph
     inside the forward's loop, so dynamo skips its frame, and it never starts at a frame of torch's
     own classes: nothing was compiled (``compiled_parameter_bytes`` 0) and the forecast was 95% low
-    until each unit was compiled on its own (``unit_compile``)."""
+    until each unit was compiled on its own (``unit_compile``). And those units checkpointed: a
+    block's output dies in the next block's backward, at its last read of its input (no run of the
+    step shows that under FSDP2: it is inferred from the chain of units); +1.0% and +1.2% before,
+    now the clean steps measure the forecast within 0.5%."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     script = Path(__file__).with_name("fsdp_forecast_script.py")
     proc = subprocess.run([sys.executable, str(script), str(tmp_path), "29623"], env=env, cwd=tmp_path,
@@ -140,7 +143,7 @@ def test_forecast_of_an_fsdp2_model_in_two_processes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     head = 2 * (128 * 128 + 128) * 4  # the root's unsharded head: all-gathered and kept
-    for model in ("blocks", "torch_blocks"):
+    for model in ("blocks", "torch_blocks", "torch_blocks_checkpointed"):
         predicted, unit = ranks[0][model]["predicted"], ranks[0][model]["unit_bytes"]
         for r in (rank[model] for rank in ranks):
             assert r["status"] == "ok" and r["backward_graphs"] >= 1 and r["fsdp_buffers"] > head
@@ -149,4 +152,4 @@ def test_forecast_of_an_fsdp2_model_in_two_processes(tmp_path: Path) -> None:
             # at most one late copy per all-gather of the step's 4 units (3 were seen in one of 16 steps)
             assert all(predicted - 0.5 * unit <= p <= predicted + 4.2 * unit for p in r["measured"]), r["measured"]
         peaks = [p for r in ranks for p in r[model]["measured"]]
-        assert any(abs(predicted - p) <= 0.03 * p for p in peaks), (model, predicted, peaks)
+        assert any(abs(predicted - p) <= 0.005 * p for p in peaks), (model, predicted, peaks)
