@@ -66,6 +66,91 @@ def _first_optimizer(configured: Any) -> torch.optim.Optimizer | None:
     return None
 
 
+def _configured(configured: Any) -> tuple[list[torch.optim.Optimizer], int]:
+    """The optimizers of whatever ``configure_optimizers`` returned, and how many LR schedulers."""
+    if isinstance(configured, torch.optim.Optimizer):
+        return [configured], 0
+    if isinstance(configured, dict):
+        opts, _ = _configured(configured.get("optimizer"))
+        return opts, int(configured.get("lr_scheduler") is not None)
+    if isinstance(configured, (list, tuple)) and len(configured) == 2 and all(
+            isinstance(c, (list, tuple)) for c in configured):
+        return _configured(configured[0])[0], len(configured[1])  # ([optimizers], [schedulers])
+    if isinstance(configured, (list, tuple)):
+        parts = [_configured(c) for c in configured]
+        return [o for opts, _ in parts for o in opts], sum(n for _, n in parts)
+    return [], 0
+
+
+class _StandInOptimizer:
+    """What ``self.optimizers()`` returns while plan_memory runs ``training_step`` (manual
+    optimization): ``step`` runs only its closure, ``zero_grad`` does nothing; the rest is the
+    real optimizer's (``param_groups``, ``state``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        return closure() if closure is not None else None
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def toggle_model(self, *args: Any, **kwargs: Any) -> Any:
+        yield
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
+class _StandInScheduler:
+    """What ``self.lr_schedulers()`` returns meanwhile: ``step`` does nothing."""
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _stand_ins(model: LightningModule, losses: list[torch.Tensor]) -> list[tuple[Any, str, Any]]:
+    """The LightningModule methods that need a running ``fit``, as plan_memory runs ``training_step``
+    once outside it: ``self.log`` does nothing, ``self.optimizers()`` and ``self.lr_schedulers()``
+    return stand-ins that step nothing, ``self.manual_backward(loss)`` appends ``loss`` to
+    ``losses`` and runs no backward, ``clip_gradients`` and ``(un)toggle_optimizer`` do nothing."""
+    optimizers, n_schedulers = _configured(model.configure_optimizers())
+    opts = [_StandInOptimizer(o) for o in optimizers]
+    scheds = [_StandInScheduler() for _ in range(n_schedulers)]
+
+    def get_optimizers(*args: Any, **kwargs: Any) -> Any:
+        return opts[0] if len(opts) == 1 else opts
+
+    def get_schedulers(*args: Any, **kwargs: Any) -> Any:
+        return None if not scheds else scheds[0] if len(scheds) == 1 else scheds
+
+    def manual_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        losses.append(loss)
+
+    return [(model, "log", _no_log), (model, "log_dict", _no_log), (model, "optimizers", get_optimizers),
+            (model, "lr_schedulers", get_schedulers), (model, "manual_backward", manual_backward),
+            (model, "clip_gradients", _no_log), (model, "toggle_optimizer", _no_log),
+            (model, "untoggle_optimizer", _no_log)]
+
+
+@contextlib.contextmanager
+def _patched(patches: Sequence[tuple[Any, str, Any]]) -> Any:
+    """Within the block, each ``(obj, name, value)`` is set on the instance; restored after."""
+    saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            if value is _MISSING:
+                obj.__dict__.pop(name, None)
+            else:
+                setattr(obj, name, value)
+
+
 def _forward_arguments(model: LightningModule, batch: Any, target: nn.Module | None = None,
                        call: str = "self(...)") -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments ``training_step`` passes to ``target`` (default: ``self(...)``), without running
@@ -77,18 +162,11 @@ def _forward_arguments(model: LightningModule, batch: Any, target: nn.Module | N
         captured["call"] = (args, kwargs)
         raise _Captured
 
-    saved = target.__dict__.get("forward")
-    target.forward = capture  # type: ignore[method-assign]
     try:
-        with torch.enable_grad():
+        with _patched([(target, "forward", capture), *_stand_ins(model, [])]), torch.enable_grad():
             model.training_step(batch, 0)
     except _Captured:
         pass
-    finally:
-        if saved is None:
-            del target.forward
-        else:
-            target.forward = saved  # type: ignore[method-assign]
     if "call" not in captured:
         raise RuntimeError(
             f"plan_memory: `training_step` never called the module itself (`{call}`), so there is "
@@ -116,6 +194,8 @@ class _ProbedStep:
     #: ``id``s of the parameters the loss's eager code gives gradients (the forward ran without
     #: autograd here: its own parameters are the compiled graphs', ``Forecast.compiled_parameter_ids``).
     reached: frozenset[int] = frozenset()
+    #: ``manual_backward`` calls in the step (manual optimization; 0 under automatic optimization).
+    backwards: int = 0
 
 
 def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: torch.device) -> _ProbedStep | None:
@@ -124,10 +204,9 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
     else runs on the outputs build their autograd graph as in training, and are measured as the
     callback measures them on its first batch (:func:`~lightning_memplan.eager_loss.measure_eager_losses`),
     without the forward's activations. ``self.log`` does nothing meanwhile; metric modules are
-    put back as they were. ``None`` when the step does not run like that (manual optimization,
-    a step that needs the Trainer, no loss returned, no call of the forward)."""
-    if not model.automatic_optimization:
-        return None
+    put back as they were; under manual optimization the loss is the first ``manual_backward``'s,
+    and the optimizers step nothing (:func:`_stand_ins`). ``None`` when the step does not run like
+    that (a step that needs the Trainer, no loss, no call of the forward)."""
     original = target.forward
     eager = EagerCalls(device)
     inputs: list[dict[int, int]] = []
@@ -147,16 +226,17 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         return out
 
     metrics = _metric_states(model)
-    patched = [(target, "forward", probe), (model, "log", _no_log), (model, "log_dict", _no_log)]
-    saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in patched]
-    for obj, name, fn in patched:
-        setattr(obj, name, fn)
+    backwards: list[torch.Tensor] = []
+    patches = _patched([(target, "forward", probe), *_stand_ins(model, backwards)])
     try:
-        with torch.enable_grad():
+        with patches, torch.enable_grad():
             result = model.training_step(batch, 0)
         eager.close()
         noted = eager.calls
-        loss = result.get("loss") if isinstance(result, dict) else result
+        if model.automatic_optimization:
+            loss = result.get("loss") if isinstance(result, dict) else result
+        else:
+            loss = backwards[0] if backwards else None
         if not first or not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not any(n.edges for n in noted):
             return None
         params_and_batch = [*model.parameters(), *model.buffers(),
@@ -171,7 +251,8 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         before = storage_keys(batch, target)
         return _ProbedStep(args=first[0][0], kwargs=first[0][1], calls=len(noted),
                            fresh=fresh_input_bytes(inputs, len(noted), before), eager_losses=losses,
-                           made=made_input_bytes(inputs, before), reached=frozenset(parameters_reached(loss)))
+                           made=made_input_bytes(inputs, before), reached=frozenset(parameters_reached(loss)),
+                           backwards=len(backwards))
     except Exception as exc:  # noqa: BLE001 - planned without it
         rank_zero_info(f"plan_memory: running training_step once to measure the loss on the outputs failed "
                        f"({exc!r}); planning the compiled forward alone.")
@@ -179,11 +260,6 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
     finally:
         with contextlib.suppress(Exception):
             eager.close()
-        for obj, name, value in saved:
-            if value is _MISSING:
-                obj.__dict__.pop(name, None)
-            else:
-                setattr(obj, name, value)
         _restore_metric_states(metrics)
 
 
@@ -249,9 +325,11 @@ def plan_memory(
     floating-point outputs made leaves that require grad), ``self.log`` silenced and torchmetrics
     metrics put back afterwards: the calls of the forward per step and the eager code between the
     forward and the backward (the loss on the outputs, metrics; measured as the callback measures
-    it on its first batch) are laid into every candidate's forecast. Under manual optimization, or
-    when that run fails (a step that needs the Trainer), the compiled forward is planned alone, as
-    the callback then plans it until its first batch has run.
+    it on its first batch) are laid into every candidate's forecast. ``self.optimizers()`` and
+    ``self.lr_schedulers()`` return stand-ins that step nothing, and under manual optimization the
+    loss measured is the first ``manual_backward``'s (no backward runs). When that run fails (a step
+    that needs the Trainer), the compiled forward is planned alone, as the callback then plans it
+    until its first batch has run.
 
     Raises:
         ValueError: a bad argument (before anything runs).
@@ -298,9 +376,15 @@ def plan_memory(
                                          loop=loop)
             for message in uncompiled_warnings(target, fc):
                 warnings.warn(f"plan_memory: {message}", PlanWarning, stacklevel=2)
+            if step is not None and step.backwards > 1:
+                warnings.warn(
+                    f"plan_memory: training_step ran {step.backwards} backward passes (manual optimization, e.g. a "
+                    "GAN's generator and discriminator steps); the plan covers the planned forward's calls, the "
+                    "code on their outputs, the first backward and one optimizer step, not what runs after the "
+                    "first backward.", PlanWarning, stacklevel=2)
             if step is not None:
                 compiled, opt_mem = fc.compiled_parameter_ids, None
-                if compiled is not None and not _compat.fsdp_kinds(target).fsdp2:
+                if compiled is not None and model.automatic_optimization and not _compat.fsdp_kinds(target).fsdp2:
                     # the parameters neither the compiled forward nor the eager code reads get no gradient
                     reached = compiled | step.reached
                     loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(target, reached))

@@ -12,7 +12,17 @@ from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner import PlanWarning
 from lightning_memplan.tuner import plan_memory
 
-from .models import BytesIn, Recurrent, TinyNet, UnusedHead, WideHeadAccuracy, WideHeadTwoViews, Wrapper
+from .models import (
+    BytesIn,
+    Recurrent,
+    TinyNet,
+    TwoPhaseGAN,
+    UnusedHead,
+    WideHeadAccuracy,
+    WideHeadManual,
+    WideHeadTwoViews,
+    Wrapper,
+)
 
 
 def test_plan_memory_then_train_from_the_json(tmp_path: Path) -> None:
@@ -74,6 +84,26 @@ def test_plan_memory_counts_no_gradients_for_parameters_nothing_reads() -> None:
     assert plan.breakdown["gradients"] == cb.plan.breakdown["gradients"] == sum(
         p.numel() * 4 for p in model.parameters()) - unused
     assert plan.predicted_peak_bytes == cb.plan.predicted_peak_bytes
+
+
+def test_plan_memory_runs_a_manual_optimization_step_as_fit_does() -> None:
+    # training_step calls self.optimizers() and manual_backward: outside fit that raised "not
+    # attached to a `Trainer`"; now the optimizers are stand-ins that step nothing and the loss is
+    # the first manual_backward's, measured as the callback measures it on its first batch
+    model = WideHeadManual()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plan = plan_memory(_trainer(), model, budget=0.5, backend="aot_eager")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and "optimizers" not in model.__dict__
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2, verbose=False, log_plots=False)
+    _trainer(callbacks=[cb]).fit(model)
+    assert plan.predicted_peak_bytes == cb.plan.predicted_peak_bytes
+    # a GAN's two phases: planned up to the first backward, with a warning, and nothing stepped
+    gan = TwoPhaseGAN()
+    before = {k: v.clone() for k, v in gan.state_dict().items()}
+    with pytest.warns(PlanWarning, match=r"plan_memory: training_step ran 2 backward passes"):
+        plan_memory(_trainer(), gan, budget=0.5, backend="aot_eager")
+    assert all(torch.equal(before[k], v) for k, v in gan.state_dict().items())
 
 
 def _trainer(**kw: object) -> Trainer:
