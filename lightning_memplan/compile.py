@@ -230,7 +230,9 @@ class RegionCapture:
     #: the backward returns for them; and the largest one's.
     param_grad_bytes: int = 0
     param_grad_max: int = 0
-    #: ``id``s of those trainable parameters (the module's own ``nn.Parameter`` objects).
+    #: ``id``s of the trainable parameters the region read, at its compile and at every call while
+    #: the backend recorded (the module's own ``nn.Parameter`` objects; a graph that serves every
+    #: block reads each block's).
     param_ids: frozenset[int] = frozenset()
     #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
     compile_seconds: float = 0.0
@@ -610,6 +612,9 @@ class MemplanBackend:
             position = len(executions)
             executions.append(index)
             owners.append(self.call_owner() if self.call_owner is not None else None)
+            region = self.regions[index]  # a graph that serves several blocks reads each block's parameters
+            region.param_ids = region.param_ids | {id(a) for a in args
+                                                   if isinstance(a, nn.Parameter) and a.requires_grad}
             out = fn(*args, **kwargs)
             try:
                 self._watch_outputs(position, out)

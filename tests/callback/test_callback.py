@@ -612,8 +612,17 @@ def test_a_loss_inside_a_forward_whose_frame_dynamo_skipped(tmp_path: Path) -> N
     to measure, -91.3%)."""
     cb = MemPlanCallback(0.5, backend="aot_eager", verbose=False, log_plots=False, measure_batches=2)
     trainer = _trainer(tmp_path, cb, epochs=1)
-    trainer.fit(LossInSkippedFrame(batches=4))
+    model = LossInSkippedFrame(batches=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MemPlanWarning)
+        trainer.fit(model)
     assert cb.fallback_reason is None and sum(r.calls for r in cb.forecast.regions) >= 3  # the blocks
+    # one graph serves the second and third blocks: it reads both blocks' parameters, so neither is
+    # taken for a layer run outside the compiled graphs, nor for one without gradients
+    blocks = {id(p) for p in model.blocks.parameters()}
+    assert blocks <= cb.forecast.compiled_parameter_ids
+    assert not [w for w in caught if "outside every compiled graph" in str(w.message)]
+    assert cb.plan.breakdown["gradients"] == sum(p.numel() * 4 for p in model.parameters())
     loss = cb.eager_loss
     assert loss is not None and loss.outputs_bytes == 128 * 32 * 4  # the last block's outputs
     assert 128 * 4000 * 4 <= loss.kept_bytes and loss.backward_peak_bytes >= 2 * 128 * 4000 * 4
