@@ -116,14 +116,20 @@ def _stand_ins(model: LightningModule, losses: list[torch.Tensor]) -> list[tuple
     once outside it: ``self.log`` does nothing, ``self.optimizers()`` and ``self.lr_schedulers()``
     return stand-ins that step nothing, ``self.manual_backward(loss)`` appends ``loss`` to
     ``losses`` and runs no backward, ``clip_gradients`` and ``(un)toggle_optimizer`` do nothing."""
-    optimizers, n_schedulers = _configured(model.configure_optimizers())
-    opts = [_StandInOptimizer(o) for o in optimizers]
-    scheds = [_StandInScheduler() for _ in range(n_schedulers)]
+    made: list[tuple[list[_StandInOptimizer], list[_StandInScheduler]]] = []
+
+    def configured() -> tuple[list[_StandInOptimizer], list[_StandInScheduler]]:
+        if not made:  # only when training_step asks (configure_optimizers may be costly)
+            optimizers, n_schedulers = _configured(model.configure_optimizers())
+            made.append(([_StandInOptimizer(o) for o in optimizers], [_StandInScheduler()] * n_schedulers))
+        return made[0]
 
     def get_optimizers(*args: Any, **kwargs: Any) -> Any:
+        opts = configured()[0]
         return opts[0] if len(opts) == 1 else opts
 
     def get_schedulers(*args: Any, **kwargs: Any) -> Any:
+        scheds = configured()[1]
         return None if not scheds else scheds[0] if len(scheds) == 1 else scheds
 
     def manual_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
