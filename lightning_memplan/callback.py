@@ -47,6 +47,7 @@ from .planner import (
     lightning_step_timeline,
     live_grad_bytes,
     made_input_bytes,
+    other_optimizer_state_bytes,
     plan_solver,
     rejudge_plan,
     resolve_submodule,
@@ -249,6 +250,7 @@ class MemPlanCallback(Callback):
         self._gradless_ids: frozenset[int] = frozenset()
         self._gradless = 0
         self._first_batch_backwards = 0  # backward passes in the first batch (manual optimization: several)
+        self._other_state: int | None = None  # bytes of the state of the optimizers after the first
         #: This rank's search's candidate forecasts (plain data), kept through the first batch to
         #: judge the candidates again when training_step calls the forward several times.
         self._kept_forecasts: tuple[Any, ...] = ()
@@ -563,7 +565,10 @@ class MemPlanCallback(Callback):
     def _loop(self) -> TrainingLoop:
         """How the Trainer runs this module's training step (accumulation, manual optimization)."""
         loop = TrainingLoop.of(self._trainer, self._lit, self._module)
-        return dataclasses.replace(loop, gradless_bytes=self._gradless) if self._gradless else loop
+        if self._other_state is None:  # once: the optimizers are set up before the first batch
+            trainer = self._trainer
+            self._other_state = other_optimizer_state_bytes(list(getattr(trainer, "optimizers", []) or []))
+        return dataclasses.replace(loop, gradless_bytes=self._gradless, other_optimizer_state_bytes=self._other_state)
 
     def _optimizer_memory(self) -> OptimizerMemory | None:
         """The optimizer's memory without the parameters the step gives no gradient (``None`` when

@@ -26,7 +26,8 @@ from .units import parse_bytes
 __all__ = [
     "PlanSettings", "PlanWarning", "TrainingLoop", "decide_plan", "eager_forward_warning", "forecast_plan",
     "lightning_step_memory",
-    "gradless_bytes", "lightning_step_peak", "lightning_step_timeline", "rejudge_plan", "step_grad_bytes",
+    "gradless_bytes", "lightning_step_peak", "lightning_step_timeline", "other_optimizer_state_bytes", "rejudge_plan",
+    "step_grad_bytes",
     "uncompiled_warnings",
 ]
 
@@ -168,6 +169,14 @@ def gradless_bytes(module: nn.Module, reached: Collection[int]) -> int:
     return total
 
 
+def other_optimizer_state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> int:
+    """Bytes of the steady-state state of every optimizer but the first (existing, or simulated on
+    meta tensors: :func:`~lightning_memplan.optim_memory.optimizer_memory`)."""
+    from .optim_memory import optimizer_memory
+
+    return sum(optimizer_memory(o).state_bytes for o in optimizers[1:])
+
+
 def step_grad_bytes(module: nn.Module, loop: TrainingLoop) -> int:
     """Bytes of the gradients ``module``'s parameters hold between steps of ``loop``:
     :func:`grad_bytes` less the parameters the step gives none (``loop.gradless_bytes``)."""
@@ -196,13 +205,18 @@ class TrainingLoop:
     """Bytes of the planned module's trainable parameters that the step gives no gradient (no path
     from the loss reaches them: a head only validation uses), so they hold none between steps
     (:func:`gradless_bytes`, from the first batch's loss); 0 until that is known."""
+    other_optimizer_state_bytes: int = 0
+    """Bytes of the state of the optimizers after the first (manual optimization with several, as a
+    GAN's discriminator's): live through every step, in the baseline; the forecast counts the
+    first optimizer's (:func:`other_optimizer_state_bytes`)."""
 
     def __post_init__(self) -> None:
         n = self.accumulate_grad_batches
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`accumulate_grad_batches={n!r}` must be an int >= 1 (Lightning's Trainer argument).")
         for name, v in (("resident_bytes", self.resident_bytes), ("param_bytes", self.param_bytes),
-                        ("gradless_bytes", self.gradless_bytes)):
+                        ("gradless_bytes", self.gradless_bytes),
+                        ("other_optimizer_state_bytes", self.other_optimizer_state_bytes)):
             if v is None and name == "param_bytes":
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -355,7 +369,8 @@ def lightning_step_memory(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop
     """``(baseline bytes, peak bytes above it)`` of a Lightning training step from its forecast. The
     baseline holds the gradients (``grads`` bytes) under automatic optimization, where they are live
     when a step starts; the peak is ``None`` when the forecast failed."""
-    base = fc.baseline_bytes + loop.resident_bytes + (grads if loop.automatic_optimization else 0)
+    base = (fc.baseline_bytes + loop.resident_bytes + loop.other_optimizer_state_bytes
+            + (grads if loop.automatic_optimization else 0))
     if loop.param_bytes is not None and fc.breakdown is not None:
         base += loop.param_bytes - fc.breakdown.parameters
     return base, None if fc.peak_bytes is None else lightning_step_peak(fc, grads, loop)
@@ -566,7 +581,7 @@ def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | S
     breakdown = dict(plan.breakdown)
     if fc.breakdown:
         breakdown.update(activations=fc.breakdown.activations, inputs=fc.breakdown.inputs, gradients=grads,
-                         optimizer_state=fc.breakdown.optimizer_state,
+                         optimizer_state=fc.breakdown.optimizer_state + loop.other_optimizer_state_bytes,
                          optimizer_temporaries=fc.breakdown.optimizer_temporaries)
         if "fsdp_buffers" in breakdown:  # those live at the new peak
             breakdown["fsdp_buffers"] = fc.breakdown.fsdp_buffers
@@ -601,7 +616,8 @@ def forecast_plan(
         b = fc.breakdown
         params = b.parameters if loop.param_bytes is None else loop.param_bytes
         breakdown = {"activations": b.activations, "parameters": params + b.buffers + loop.resident_bytes,
-                     "gradients": grads, "optimizer_state": b.optimizer_state, "inputs": b.inputs,
+                     "gradients": grads, "optimizer_state": b.optimizer_state + loop.other_optimizer_state_bytes,
+                     "inputs": b.inputs,
                      "optimizer_temporaries": b.optimizer_temporaries}
         if b.fsdp_buffers:
             breakdown["fsdp_buffers"] = b.fsdp_buffers

@@ -40,6 +40,7 @@ from .planner import (
     input_storages,
     lay_out_step,
     made_input_bytes,
+    other_optimizer_state_bytes,
     rejudge_plan,
     resolve_submodule,
     step_grad_bytes,
@@ -53,17 +54,6 @@ __all__ = ["plan_memory"]
 
 class _Captured(Exception):
     """Raised by the capturing forward once it has the arguments of the first call."""
-
-
-def _first_optimizer(configured: Any) -> torch.optim.Optimizer | None:
-    """The first optimizer of whatever ``configure_optimizers`` returned (None if there is none)."""
-    if isinstance(configured, torch.optim.Optimizer):
-        return configured
-    if isinstance(configured, dict):
-        return _first_optimizer(configured.get("optimizer"))
-    if isinstance(configured, (list, tuple)) and configured:
-        return _first_optimizer(configured[0])
-    return None
 
 
 def _configured(configured: Any) -> tuple[list[torch.optim.Optimizer], int]:
@@ -363,9 +353,11 @@ def plan_memory(
         model.to(device)
         model.train()
         batch = move_data_to_device(batch, device)
-        optimizer = _first_optimizer(model.configure_optimizers())
+        optimizers = _configured(model.configure_optimizers())[0]
+        optimizer = optimizers[0] if optimizers else None
         forward = target.forward
-        loop = TrainingLoop.of(trainer, model, target)
+        loop = dataclasses.replace(TrainingLoop.of(trainer, model, target),
+                                   other_optimizer_state_bytes=other_optimizer_state_bytes(optimizers))
         # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
         with trainer.strategy.precision_plugin.train_step_context():
             step = _probe_step(model, batch, target, device)

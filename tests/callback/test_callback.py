@@ -228,6 +228,10 @@ def test_a_step_with_several_backward_passes_warns_and_trains(tmp_path: Path) ->
     with pytest.warns(MemPlanWarning, match=r"training_step ran 2 backward passes in one batch"):
         trainer.fit(TwoPhaseGAN())
     assert cb.fallback_reason is None and cb.plan is not None and trainer.global_step == 2 * 3  # both optimizers
+    # the discriminator's Adam state is live through every step too: in the baseline (it was left out)
+    state = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for opt in trainer.optimizers
+             for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)}
+    assert cb.plan.breakdown["optimizer_state"] == sum(state.values())
     # one backward per batch: no such warning
     cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2, verbose=False, log_plots=False)
     with warnings.catch_warnings(record=True) as caught:

@@ -102,8 +102,10 @@ def test_plan_memory_runs_a_manual_optimization_step_as_fit_does() -> None:
     gan = TwoPhaseGAN()
     before = {k: v.clone() for k, v in gan.state_dict().items()}
     with pytest.warns(PlanWarning, match=r"plan_memory: training_step ran 2 backward passes"):
-        plan_memory(_trainer(), gan, budget=0.5, backend="aot_eager")
+        plan = plan_memory(_trainer(), gan, budget=0.5, backend="aot_eager")
     assert all(torch.equal(before[k], v) for k, v in gan.state_dict().items())
+    # both Adams' state (two moments and a CPU step scalar per parameter) is in the baseline
+    assert plan.breakdown["optimizer_state"] == sum(2 * p.numel() * 4 + 4 for p in gan.parameters())
 
 
 def _trainer(**kw: object) -> Trainer:
