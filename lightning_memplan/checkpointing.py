@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .instance_patch import instance_attributes
+
 __all__ = ["CheckpointPolicy", "checkpoint_candidates", "checkpointed", "resolve_blocks"]
 
 CheckpointPolicy = Literal["auto"] | Iterable[type[nn.Module]] | None
@@ -112,20 +114,11 @@ def checkpointed(model: nn.Module, names: Iterable[str]) -> Iterator[None]:
     Raises:
         ValueError: a name that is not a submodule of ``model``.
     """
-    patched: list[tuple[nn.Module, bool, Any]] = []
-    try:
-        for name in names:
-            try:
-                sub = model.get_submodule(name)
-            except AttributeError:
-                raise ValueError(f"checkpoint block {name!r} is not a submodule of the model.") from None
-            had = "forward" in sub.__dict__
-            patched.append((sub, had, sub.__dict__.get("forward")))
-            sub.forward = _checkpointed_forward(sub.forward)  # type: ignore[method-assign]
+    subs: list[nn.Module] = []
+    for name in names:
+        try:
+            subs.append(model.get_submodule(name))
+        except AttributeError:
+            raise ValueError(f"checkpoint block {name!r} is not a submodule of the model.") from None
+    with instance_attributes([(sub, "forward", _checkpointed_forward(sub.forward)) for sub in subs]):
         yield
-    finally:
-        for sub, had, old in reversed(patched):
-            if had:
-                sub.forward = old  # type: ignore[method-assign]
-            else:
-                del sub.forward

@@ -25,6 +25,7 @@ from torch import nn
 from . import _compat
 from .checkpointing import CheckpointPolicy, checkpointed
 from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
+from .instance_patch import instance_attributes
 from .optim_memory import optimizer_memory
 from .plan import MemPlan
 from .planner import (
@@ -131,22 +132,6 @@ def _stand_ins(model: LightningModule, losses: list[torch.Tensor]) -> list[tuple
             (model, "untoggle_optimizer", _no_log)]
 
 
-@contextlib.contextmanager
-def _patched(patches: Sequence[tuple[Any, str, Any]]) -> Any:
-    """Within the block, each ``(obj, name, value)`` is set on the instance; restored after."""
-    saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in patches]
-    try:
-        for obj, name, value in patches:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value in reversed(saved):
-            if value is _MISSING:
-                obj.__dict__.pop(name, None)
-            else:
-                setattr(obj, name, value)
-
-
 def _forward_arguments(model: LightningModule, batch: Any, target: nn.Module | None = None,
                        call: str = "self(...)") -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments ``training_step`` passes to ``target`` (default: ``self(...)``), without running
@@ -159,7 +144,7 @@ def _forward_arguments(model: LightningModule, batch: Any, target: nn.Module | N
         raise _Captured
 
     try:
-        with _patched([(target, "forward", capture), *_stand_ins(model, [])]), torch.enable_grad():
+        with instance_attributes([(target, "forward", capture), *_stand_ins(model, [])]), torch.enable_grad():
             model.training_step(batch, 0)
     except _Captured:
         pass
@@ -223,7 +208,7 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
 
     metrics = _metric_states(model)
     backwards: list[torch.Tensor] = []
-    patches = _patched([(target, "forward", probe), *_stand_ins(model, backwards)])
+    patches = instance_attributes([(target, "forward", probe), *_stand_ins(model, backwards)])
     try:
         with patches, torch.enable_grad():
             result = model.training_step(batch, 0)
@@ -258,8 +243,6 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
             eager.close()
         _restore_metric_states(metrics)
 
-
-_MISSING = object()
 
 
 def _no_log(*args: Any, **kwargs: Any) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .instance_patch import instance_attributes
+
 __all__ = ["UnitCompile", "fsdp2_unit_modules"]
 
 
@@ -68,18 +70,10 @@ class UnitCompile:
     def installed(self) -> Iterator[None]:
         """Within the block, each unit's ``forward`` runs compiled (nested blocks are fine: an
         installed unit is left as it is)."""
-        patched: list[tuple[nn.Module, bool, Any]] = []
-        try:
-            for unit in self.units:
-                current = unit.__dict__.get("forward")
-                if isinstance(current, functools.partial) and current.func is self._compiled:
-                    continue  # already installed by an enclosing block
-                patched.append((unit, "forward" in unit.__dict__, current))
-                unit.forward = functools.partial(self._compiled, unit.forward)  # type: ignore[method-assign]
+        todo = [unit for unit in self.units if not self._installed_on(unit)]  # nested blocks: once
+        with instance_attributes([(u, "forward", functools.partial(self._compiled, u.forward)) for u in todo]):
             yield
-        finally:
-            for unit, had, old in reversed(patched):
-                if had:
-                    unit.forward = old  # type: ignore[method-assign]
-                else:
-                    del unit.forward
+
+    def _installed_on(self, unit: nn.Module) -> bool:
+        current = unit.__dict__.get("forward")
+        return isinstance(current, functools.partial) and current.func is self._compiled

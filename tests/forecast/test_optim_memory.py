@@ -1,7 +1,7 @@
 """Optimizer state and step temporaries predicted on meta tensors vs the profiler's measurement."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
 import torch
@@ -25,6 +25,19 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
     return sum(storages.values())
 
 
+def _measured_step(opt: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> int:
+    """The profiler-measured peak of ``opt.step()`` plus ``zero_grad(set_to_none=True)``, with
+    fresh gradients for ``params`` (bytes above those in use)."""
+    for p in params:
+        p.grad = torch.randn_like(p)
+
+    def step() -> None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return measure_peak(step, device="cpu")
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_prediction_matches_measurement(name: str) -> None:
     torch.manual_seed(0)
@@ -36,14 +49,7 @@ def test_prediction_matches_measurement(name: str) -> None:
         p.grad = torch.randn_like(p)
     opt.step()
     assert pred.state_bytes == state_bytes(opt)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p)
-
-    def step() -> None:
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    measured = measure_peak(step, device="cpu")
+    measured = _measured_step(opt, model.parameters())
     assert abs(pred.step_peak_bytes - measured) <= 64  # a few CPU scalars
     again = optimizer_memory(opt)
     assert again.state_source == ("existing" if opt.state else "simulated")  # plain SGD keeps no state
@@ -80,12 +86,5 @@ def test_parameters_without_gradients_get_no_state_and_no_temporaries() -> None:
         p.grad = torch.randn_like(p)
     opt.step()
     assert pred.state_bytes == state_bytes(opt) < every.state_bytes
-    for p in used.parameters():
-        p.grad = torch.randn_like(p)
-
-    def step() -> None:
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    measured = measure_peak(step, device="cpu")
+    measured = _measured_step(opt, used.parameters())
     assert abs(pred.step_peak_bytes - measured) <= 64 < every.step_peak_bytes - measured
