@@ -245,10 +245,9 @@ class MemPlanCallback(Callback):
         self._before_step: set[int] = set()  # storages live before a step: the batch, parameters, buffers
         #: Bytes of the first call's inputs that training_step made (not in the batch: ``x.float() / 255``).
         self._made_inputs = 0
-        #: ``id``s and bytes of the planned module's trainable parameters the first batch's loss does
-        #: not reach (they get no gradient; see TrainingLoop.gradless_bytes).
-        self._gradless_ids: frozenset[int] = frozenset()
-        self._gradless = 0
+        #: ``id``s of the parameters the first batch's loss reaches (None until then): the planned
+        #: module's others get no gradient (see TrainingLoop.gradless_bytes).
+        self._reached: frozenset[int] | None = None
         self._first_batch_backwards = 0  # backward passes in the first batch (manual optimization: several)
         self._other_state: int | None = None  # bytes of the state of the optimizers after the first
         #: This rank's search's candidate forecasts (plain data), kept through the first batch to
@@ -454,11 +453,8 @@ class MemPlanCallback(Callback):
         # which parameters get no gradient: with automatic optimization this backward is the step's
         # only one (under FSDP2 the graph holds the unsharded parameters, not the module's)
         if not self._fsdp2 and self._loop().automatic_optimization:
-            reached = parameters_reached(loss)
-            self._gradless_ids = frozenset(id(p) for p in module.parameters()
-                                           if p.requires_grad and id(p) not in reached)
-            self._gradless = gradless_bytes(module, reached)
-            self._warn_eager_forward(module, loss, reached, outputs)
+            self._reached = frozenset(parameters_reached(loss))
+            self._warn_eager_forward(module, loss, self._reached, outputs)
         batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
         # in the baseline: the whole LightningModule's parameters and buffers (a head outside the
         # planned submodule saves its weight for backward), and the batch
@@ -471,7 +467,7 @@ class MemPlanCallback(Callback):
             rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
                            "the compiled graphs only.")
 
-    def _warn_eager_forward(self, module: nn.Module, loss: torch.Tensor, reached: set[int],
+    def _warn_eager_forward(self, module: nn.Module, loss: torch.Tensor, reached: frozenset[int],
                             outputs: EagerCalls) -> None:
         """Warn when the loss reaches parameters of the module that neither a compiled graph nor
         the code after the forward's calls read: the forward ran their layers eagerly (unless a
@@ -568,15 +564,21 @@ class MemPlanCallback(Callback):
         if self._other_state is None:  # once: the optimizers are set up before the first batch
             trainer = self._trainer
             self._other_state = other_optimizer_state_bytes(list(getattr(trainer, "optimizers", []) or []))
-        return dataclasses.replace(loop, gradless_bytes=self._gradless, other_optimizer_state_bytes=self._other_state)
+        return dataclasses.replace(loop, gradless_bytes=self._gradless_bytes(),
+                                   other_optimizer_state_bytes=self._other_state)
+
+    def _gradless_bytes(self) -> int:
+        """Bytes of the planned module's trainable parameters the first batch's loss did not reach."""
+        return gradless_bytes(self._module, self._reached) if self._module is not None and self._reached else 0
 
     def _optimizer_memory(self) -> OptimizerMemory | None:
         """The optimizer's memory without the parameters the step gives no gradient (``None`` when
         every trainable parameter gets one, or there is no optimizer: the forecast's stands)."""
-        optimizer = self._optimizer()
-        if not self._gradless_ids or optimizer is None:
+        optimizer, module, reached = self._optimizer(), self._module, self._reached
+        if optimizer is None or module is None or not reached:
             return None
-        return optimizer_memory(optimizer, gradless=self._gradless_ids)
+        gradless = {id(p) for p in module.parameters() if p.requires_grad and id(p) not in reached}
+        return optimizer_memory(optimizer, gradless=gradless) if gradless else None
 
     def _optimizer(self) -> torch.optim.Optimizer | None:
         trainer = self._trainer
@@ -765,7 +767,8 @@ class MemPlanCallback(Callback):
             + (["with the loss on the outputs measured"] if self.eager_losses else [])) or "again"
 
         def decide() -> MemPlan:
-            if (calls == 1 and not self.eager_losses and not made and not self._gradless) or not self._kept_forecasts:
+            gradless = self._gradless_bytes()
+            if (calls == 1 and not self.eager_losses and not made and not gradless) or not self._kept_forecasts:
                 return plan  # nothing new to judge by: the plan stands
             loop = self._loop()
             return rejudge_plan(self._settings, plan, self._kept_forecasts, step_grad_bytes(module, loop),
@@ -809,7 +812,7 @@ class MemPlanCallback(Callback):
         (:meth:`~lightning_memplan.forecasting.Forecast.with_eager_loss`)."""
         calls, losses, made = self.forward_calls_per_step, self.eager_losses, self._made_inputs
         plan, fc = self.plan, self.forecast
-        if plan is None or (calls <= 1 and not losses and not made and not self._gradless):
+        if plan is None or (calls <= 1 and not losses and not made and not self._gradless_bytes()):
             return
         if fc is None or fc.peak_bytes is None:
             if calls > 1:
