@@ -42,6 +42,7 @@ from .planner import (
     forecast_plan,
     fresh_input_bytes,
     gradless_bytes,
+    gradless_parameters,
     input_storages,
     lay_out_step,
     lightning_step_timeline,
@@ -577,7 +578,7 @@ class MemPlanCallback(Callback):
         optimizer, module, reached = self._optimizer(), self._module, self._reached
         if optimizer is None or module is None or not reached:
             return None
-        gradless = {id(p) for p in module.parameters() if p.requires_grad and id(p) not in reached}
+        gradless = {id(p) for p in gradless_parameters(module, reached)}
         return optimizer_memory(optimizer, gradless=gradless) if gradless else None
 
     def _optimizer(self) -> torch.optim.Optimizer | None:

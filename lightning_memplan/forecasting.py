@@ -661,7 +661,7 @@ def _run_early(plans: Sequence[_Plan], executions: Sequence[int],
     return out
 
 
-def _fsdp_unit_chain_early(fsdp: _compat.Fsdp2Units, plans: Sequence[_Plan], executions: Sequence[int],
+def _fsdp_unit_chain_early(fsdp: _compat.Fsdp2Units, run: Sequence[_Plan], executions: Sequence[int],
                            owners: Sequence[int | None]) -> dict[int, dict[int, int]]:
     """Where FSDP2 units' outputs die, when no steady run could watch them (under FSDP2 the
     backward is compiled, not run): by position in :func:`_executed`'s run, consumer -> {producer:
@@ -670,12 +670,11 @@ def _fsdp_unit_chain_early(fsdp: _compat.Fsdp2Units, plans: Sequence[_Plan], exe
     activation input and knows its last read (a checkpointed block saves its input to recompute
     from), the earlier one's outputs die there, as a run of the step shows without FSDP. (FSDP2 +
     checkpointed blocks with ``nn.MultiheadAttention``: +4.3% before, its first reads of the input
-    come early in the recomputation.)"""
-    indices = {p.index for p in plans}
+    come early in the recomputation.) ``run``: :func:`_executed`'s; ``owners`` aligned with ``executions``."""
+    indices = {p.index for p in run}
     if len(owners) != len(executions):
         return {}
     run_owners = [o for i, o in zip(executions, owners) if i in indices]
-    run = _executed(list(plans), executions)
     units = fsdp.units
 
     def in_block(o: int | None) -> bool:
@@ -1080,7 +1079,7 @@ def _assemble(
             overlay = _fsdp_overlay(fsdp, plans, executions, owners, device, problems)
         run_early = _run_early(plans, executions, early or {}) if executions else {}
         if fsdp is not None and overlay and not run_early:
-            run_early = _fsdp_unit_chain_early(fsdp, plans, executions, owners)
+            run_early = _fsdp_unit_chain_early(fsdp, run, executions, owners)
         timeline, peak, (acts, grads, temps, fsdp_bytes) = _layout(run, opt_mem, overlay=overlay, early=run_early)
         requested = peak
         breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps,

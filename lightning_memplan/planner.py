@@ -26,7 +26,8 @@ from .units import parse_bytes
 __all__ = [
     "PlanSettings", "PlanWarning", "TrainingLoop", "decide_plan", "eager_forward_warning", "forecast_plan",
     "lightning_step_memory",
-    "gradless_bytes", "lightning_step_peak", "lightning_step_timeline", "other_optimizer_state_bytes", "rejudge_plan",
+    "gradless_bytes", "gradless_parameters", "lightning_step_peak", "lightning_step_timeline",
+    "other_optimizer_state_bytes", "rejudge_plan",
     "step_grad_bytes",
     "uncompiled_warnings",
 ]
@@ -153,20 +154,19 @@ def grad_bytes(module: nn.Module) -> int:
     return total
 
 
+def gradless_parameters(module: nn.Module, reached: Collection[int]) -> list[nn.Parameter]:
+    """``module``'s trainable parameters (each once) whose ``id`` is not in ``reached``
+    (:func:`~lightning_memplan.eager_loss.parameters_reached` of a step's loss): the step gives
+    them no gradient."""
+    unique = {id(p): p for p in module.parameters() if p.requires_grad and id(p) not in reached}
+    return list(unique.values())
+
+
 def gradless_bytes(module: nn.Module, reached: Collection[int]) -> int:
-    """Bytes of the gradients :func:`grad_bytes` counts for ``module``'s trainable parameters whose
-    ``id`` is not in ``reached`` (:func:`~lightning_memplan.eager_loss.parameters_reached` of a
-    step's loss): the step gives them none."""
+    """Bytes of the gradients :func:`grad_bytes` counts for :func:`gradless_parameters`: none."""
     from ._compat import local_tensor
 
-    seen: set[int] = set()
-    total = 0
-    for p in module.parameters():
-        if p.requires_grad and id(p) not in reached and id(p) not in seen:
-            seen.add(id(p))
-            t = local_tensor(p)
-            total += t.numel() * t.element_size()
-    return total
+    return sum(local_tensor(p).numel() * local_tensor(p).element_size() for p in gradless_parameters(module, reached))
 
 
 def other_optimizer_state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> int:

@@ -38,6 +38,7 @@ from .planner import (
     fresh_input_bytes,
     grad_bytes,
     gradless_bytes,
+    gradless_parameters,
     input_storages,
     lay_out_step,
     made_input_bytes,
@@ -369,7 +370,7 @@ def plan_memory(
                     # the parameters neither the compiled forward nor the eager code reads get no gradient
                     reached = compiled | step.reached
                     loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(target, reached))
-                    gradless = {id(p) for p in target.parameters() if p.requires_grad and id(p) not in reached}
+                    gradless = {id(p) for p in gradless_parameters(target, reached)}
                     if gradless and optimizer is not None:
                         opt_mem = optimizer_memory(optimizer, gradless=gradless)
                 plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
