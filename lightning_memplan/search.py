@@ -78,17 +78,21 @@ class SearchResult:
 
 
 def forecast_flops(fc: Any) -> float:
-    """FLOPs of every compiled forward and backward graph a forecast captured (recomputation
-    included); NaN when no graph was captured."""
+    """FLOPs of one step's compiled forward and backward graphs (recomputation included): each
+    region's graphs times the calls the step makes of it (one graph serves every block when dynamo
+    compiles a block's frame once, as after a graph break in a loop or for each FSDP2 unit); NaN
+    when no graph was captured."""
     from .compile import node_flops
 
+    calls = {r.index: r.calls for r in fc.regions}  # a region whose forecast failed: once
     total, seen = 0, False
     for region in fc._backend.regions:
         for gm in (region.fw_graph, region.bw_graph):
             if gm is None:
                 continue
             seen = True
-            total += sum(node_flops(n) for n in gm.graph.nodes if n.op == "call_function")
+            flops = sum(node_flops(n) for n in gm.graph.nodes if n.op == "call_function")
+            total += calls.get(region.index, 1) * flops
     return float(total) if seen else math.nan
 
 

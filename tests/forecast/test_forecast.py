@@ -179,6 +179,27 @@ def test_a_region_run_several_times_is_laid_out_per_call(where: str) -> None:
     assert abs(rel_error(fc)) <= 0.02
 
 
+def test_a_plans_cost_counts_every_call_of_a_shared_graph() -> None:
+    """A plan's cost (FLOPs, what a search ranks plans by) is one step's: a block graph that dynamo
+    compiled once and runs for three blocks costs three times. Before, each graph counted once: the
+    broken models cost about half the whole graph's, and under FSDP2 (one graph for every unit)
+    checkpointing one block of three looked costlier than checkpointing all three."""
+    from lightning_memplan.search import forecast_flops
+
+    costs = {}
+    for where in ("none", "start", "inside"):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[_BreakBlock(64, where) for _ in range(4)], nn.Linear(64, 1))
+        torch._dynamo.reset()
+        fc = forecast(model, (torch.randn(256, 64),), budget=1.0, backend="aot_eager")
+        assert fc.status == "ok", fc.problems
+        costs[where] = forecast_flops(fc)
+    assert len({r.calls for r in fc.regions}) > 1  # the broken models share graphs between blocks
+    # the same matmuls in one graph or in shared ones (the head's tiny sum may move between regions)
+    assert costs["start"] == pytest.approx(costs["none"], rel=1e-3), costs
+    assert costs["inside"] == pytest.approx(costs["none"], rel=1e-3), costs
+
+
 def test_inductor_frees_an_incoming_gradient_where_its_backward_deletes_it() -> None:
     """Under inductor the first half of a broken block deletes its incoming gradient mid-backward
     (``del tangents_1``; AOTAutograd's boxed call dropped its own reference, so the storage goes).
