@@ -23,6 +23,7 @@ forward graph with its backward graph.
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +46,18 @@ __all__ = [
 ACTIVATIONS = "activations"
 #: Tag of the backward graph's fresh outputs (parameter and input gradients).
 GRADIENTS = "gradients"
+
+
+def _node_value(node: fx.Node) -> object:
+    """``node``'s output value (FakeTensors). A higher-order op that AOTAutograd left without one
+    (activation checkpointing's ``run_and_save_rng_state`` / ``run_with_rng_state``, which run an
+    op under a saved RNG state) makes the tensors its ``getitem`` users pick out: they are its
+    outputs, allocated while its inputs are live, not at the ``getitem``."""
+    val = node.meta.get("val")
+    if val is not None or node.op != "call_function":
+        return val
+    picks = [u.meta.get("val") for u in node.users if u.op == "call_function" and u.target is operator.getitem]
+    return picks or None
 
 
 def _tensors(val: object) -> list[torch.Tensor]:
@@ -83,7 +96,7 @@ class GraphStorages:
         allocator: dict[int, str] = {}
         for node in self.nodes:
             keys: list[int] = []
-            for t in _tensors(node.meta.get("val")):
+            for t in _tensors(_node_value(node)):
                 key = storage_key(t)
                 if key not in keys:
                     keys.append(key)
@@ -285,7 +298,9 @@ class MemoryReplay:
 
 def node_device(node: fx.Node) -> str:
     """Device type of a node's (first) tensor output, or of its first tensor input; else ``"cpu"``."""
-    for src in (node, *node.all_input_nodes):
+    for t in _tensors(_node_value(node)):
+        return t.device.type
+    for src in node.all_input_nodes:
         for t in _tensors(src.meta.get("val")):
             return t.device.type
     return "cpu"
@@ -362,7 +377,9 @@ def profile_region(
 
     Backward placeholders are classified by storage identity with the forward (AOTAutograd shares the
     FakeTensors): a storage the forward allocated is a saved activation (counted, freed at last use);
-    a storage of a forward input is a baseline primal; anything else is a tangent (counted). When no
+    a storage of a forward input is a baseline primal; anything else is a tangent (counted) when
+    AOTAutograd named it ``tangents_*``, else saved (a checkpoint's RNG state, which the forward
+    graph's higher-order op does not show as a tensor it made). When no
     backward placeholder shares a storage with the forward (graphs copied after fake propagation
     re-ran), names decide: ``primals_*`` baseline, ``tangents_*`` tangent, others saved.
     ``workspace`` gives kernel scratch bytes per node (see :class:`MemoryReplay`).
@@ -386,7 +403,9 @@ def profile_region(
             if keys & fw_fresh:
                 saved.append(p.name)
             elif not keys & fws.input_keys:
-                tangents.append(p.name)
+                # AOTAutograd names the incoming gradients tangents_*; another storage the forward
+                # did not make (a checkpoint's saved RNG state, rng_state_output_*) is kept from it
+                (tangents if p.name.startswith("tangents") else saved).append(p.name)
         elif p.name.startswith("tangents"):
             tangents.append(p.name)
         elif not p.name.startswith("primals"):

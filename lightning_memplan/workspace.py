@@ -114,25 +114,52 @@ def _probed(target: Any, every_op: bool, device: str, dtype: torch.dtype | None 
     return not returns_alias  # views and in-place ops allocate nothing
 
 
+def _rng_wrapped(node: fx.Node) -> tuple[Any, tuple[Any, ...], int] | None:
+    """``(op, its args, bytes of a saved RNG state)`` when ``node`` is one of activation
+    checkpointing's RNG higher-order ops: ``run_and_save_rng_state(op, *args)`` (forward: the state
+    is one of its outputs) or ``run_with_rng_state(state, op, *args)`` (recomputation: it saves the
+    current state, sets ``state``, runs ``op`` and sets the saved state back; on CPU that copy is as
+    large as ``state``, 5,056 B for the default generator, and lives while ``op`` runs)."""
+    name = getattr(node.target, "__name__", "")  # torch.ops.higher_order.<name>
+    if name == "run_and_save_rng_state" and node.args:
+        return node.args[0], tuple(node.args[1:]), 0
+    if name == "run_with_rng_state" and len(node.args) >= 2:
+        state = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+        on_cpu = isinstance(state, torch.Tensor) and state.device.type == "cpu"
+        saved = _compat.concrete_int(state.untyped_storage().nbytes()) if on_cpu else 0
+        return node.args[1], tuple(node.args[2:]), saved
+    return None
+
+
 def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
-    """Workspace bytes of ``node``'s kernel; 0 for ops not probed (see module doc) or on failure."""
+    """Workspace bytes of ``node``'s kernel; 0 for ops not probed (see module doc) or on failure.
+    An op that activation checkpointing runs under a saved RNG state (:func:`_rng_wrapped`) is
+    probed as the op itself, plus the state its wrapper saves."""
     if node.op != "call_function":
-        return 0
-    val = node.meta.get("val")
-    first = next((v for v in _compat.tree_leaves(val) if isinstance(v, torch.Tensor)), None)
-    if not _probed(node.target, every_op, first.device.type if first is not None else "cpu",
-                   first.dtype if first is not None else None):
         return 0
 
     def unwrap(a: object) -> object:
         return a.meta.get("val") if isinstance(a, fx.Node) else a
 
+    target, args, kwargs, extra = node.target, node.args, node.kwargs, 0
+    wrapped = _rng_wrapped(node)
+    if wrapped is not None:
+        (target, args, extra), kwargs = wrapped, {}
     try:
-        args, kwargs = _compat.tree_map(unwrap, (node.args, node.kwargs))
-        key = (node.target, _signature(args), _signature(kwargs))
-        return _probe_cached(node.target, _Frozen((args, kwargs), key))
+        if wrapped is not None:
+            args, kwargs = _compat.tree_map(unwrap, (args, kwargs))
+        # the device and dtype of the op's outputs (of its inputs, for a wrapped op)
+        vals = _compat.tree_leaves(node.meta.get("val") if wrapped is None else args)
+        first = next((v for v in vals if isinstance(v, torch.Tensor)), None)
+        if not _probed(target, every_op, first.device.type if first is not None else "cpu",
+                       first.dtype if first is not None else None):
+            return extra
+        if wrapped is None:
+            args, kwargs = _compat.tree_map(unwrap, (args, kwargs))
+        key = (target, _signature(args), _signature(kwargs))
+        return extra + _probe_cached(target, _Frozen((args, kwargs), key))
     except Exception:  # noqa: BLE001 - an unprobeable op counts no workspace
-        return 0
+        return extra
 
 
 @functools.lru_cache(maxsize=512)
