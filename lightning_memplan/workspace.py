@@ -11,8 +11,10 @@ the attention kernels of :data:`PROBED_OPS`, and on CUDA its convolutions too (c
 comes from the caching allocator: 10 MB for a 32x32x32x32 convolution backward on an H200). On CPU
 inductor re-lays out convolutions (channels-last, mkldnn), so probing them with the graph's strides
 would count scratch it does not use;
-with ``every_op=True`` (eager kernels) every op except views, pointwise ops and the cheap ops of
-:data:`NO_WORKSPACE_OPS`.
+with ``every_op=True`` (eager kernels) every op except views, the cheap ops of
+:data:`NO_WORKSPACE_OPS` and pointwise ops, but for pointwise ops on CPU whose inputs are of mixed
+dtypes (TensorIterator copies them into temporaries of the common dtype). An op that activation
+checkpointing runs under a saved RNG state is probed as itself.
 """
 from __future__ import annotations
 
@@ -98,7 +100,19 @@ class _Frozen:
         return isinstance(other, _Frozen) and other.key == self.key
 
 
-def _probed(target: Any, every_op: bool, device: str, dtype: torch.dtype | None = None) -> bool:
+def _mixed_dtypes(inputs: Any, out: torch.Tensor | None) -> bool:
+    """Whether a pointwise op's tensor ``inputs`` are of several dtypes, or of one other than its
+    (non-boolean) output's: on CPU, TensorIterator then copies each input not of the common dtype
+    into a temporary of that dtype (a ``bool`` dropout mask times a float32 activation: a float32
+    copy of the mask, as large as the activation). On CUDA the kernel casts as it reads."""
+    dtypes = {t.dtype for t in _compat.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+    if len(dtypes) > 1:
+        return True
+    return out is not None and out.dtype != torch.bool and bool(dtypes) and dtypes != {out.dtype}
+
+
+def _probed(target: Any, every_op: bool, device: str, dtype: torch.dtype | None = None,
+            mixed: bool = False) -> bool:
     packet = getattr(target, "overloadpacket", None)
     if packet is None:
         return False
@@ -107,8 +121,10 @@ def _probed(target: Any, every_op: bool, device: str, dtype: torch.dtype | None 
         return True
     if name in PROBED_OPS:
         return every_op or "attention" in name or device == "cuda"
-    if not every_op or name in NO_WORKSPACE_OPS or torch.Tag.pointwise in getattr(target, "tags", ()):
+    if not every_op or name in NO_WORKSPACE_OPS:
         return False
+    if torch.Tag.pointwise in getattr(target, "tags", ()):
+        return mixed and device == "cpu"  # see _mixed_dtypes
     schema = getattr(target, "_schema", None)
     returns_alias = schema is not None and any(r.alias_info is not None for r in schema.returns)
     return not returns_alias  # views and in-place ops allocate nothing
@@ -151,8 +167,10 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
         # the device and dtype of the op's outputs (of its inputs, for a wrapped op)
         vals = _compat.tree_leaves(node.meta.get("val") if wrapped is None else args)
         first = next((v for v in vals if isinstance(v, torch.Tensor)), None)
-        if not _probed(target, every_op, first.device.type if first is not None else "cpu",
-                       first.dtype if first is not None else None):
+        device = first.device.type if first is not None else "cpu"
+        mixed = (every_op and device == "cpu" and wrapped is None
+                 and _mixed_dtypes([a.meta.get("val") for a in node.all_input_nodes], first))
+        if not _probed(target, every_op, device, first.dtype if first is not None else None, mixed):
             return extra
         if wrapped is None:
             args, kwargs = _compat.tree_map(unwrap, (args, kwargs))
