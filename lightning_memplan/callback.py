@@ -30,6 +30,7 @@ from ._compat import fsdp2_backward_hooks_inert, fsdp_kinds, isolated_compile_kw
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
 from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
+from .instance_patch import instance_attributes
 from .optim_memory import OptimizerMemory, optimizer_memory
 from .plan import MemPlan
 from .planner import (
@@ -56,6 +57,7 @@ from .planner import (
     storage_keys,
     uncompiled_warnings,
 )
+from .precompiled import compiled_by_user
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, replan_candidate
 from .strategy import decide_on_rank_zero, forward_has_collectives, max_over_ranks
 from .unit_compile import UnitCompile
@@ -234,6 +236,7 @@ class MemPlanCallback(Callback):
         self._active_forward: Callable[..., Any] | None = None
         self._first_call = False
         self._stack = contextlib.ExitStack()
+        self._uncompiled = contextlib.ExitStack()  # the user's own torch.compile undone (precompiled.py)
         self._example: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._window: Any = None
         # bytes the window's peak is shifted by to be above the prediction's baseline (gradients
@@ -319,7 +322,15 @@ class MemPlanCallback(Callback):
         check_torch_version()
         self._reset_fit_state()
         self.measured = []
-        target = resolve_submodule(pl_module, self._submodule, "MemPlanCallback")
+        user = compiled_by_user(pl_module, resolve_submodule(pl_module, self._submodule, "MemPlanCallback"))
+        if user.patches:
+            self._uncompiled.enter_context(instance_attributes(user.patches))
+            warnings.warn(
+                f"MemPlanCallback: {user.what} was compiled with torch.compile before fit. For this fit the "
+                f"callback compiles the planned forward itself, with the plan (backend {self._settings.backend!r}; "
+                "torch.compile options go to `compile_kwargs`), and the rest runs as written; your compiled "
+                "module is put back after fit.", MemPlanWarning, stacklevel=2)
+        target = user.module
         self._trainer = trainer
         self._lit = pl_module
         self._module = target
@@ -346,6 +357,7 @@ class MemPlanCallback(Callback):
             else:
                 module.forward = self._saved_forward  # type: ignore[method-assign]
         self._stack.close()
+        self._uncompiled.close()
         self._active_forward = None
         self._module = self._lit = None
 

@@ -49,6 +49,7 @@ from .planner import (
     storage_keys,
     uncompiled_warnings,
 )
+from .precompiled import compiled_by_user
 from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 
 __all__ = ["plan_memory"]
@@ -319,7 +320,9 @@ def plan_memory(
         "plan_memory", budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint,
         backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend,
         remat_budgets=remat_budgets)
-    target = resolve_submodule(model, check_submodule(submodule, "plan_memory"), "plan_memory")
+    model = getattr(model, "_orig_mod", model) if not isinstance(model, LightningModule) else model  # torch.compile
+    user = compiled_by_user(model, resolve_submodule(model, check_submodule(submodule, "plan_memory"), "plan_memory"))
+    target = user.module
     call = f"self.{submodule}(...)" if submodule else "self(...)"
     if train_dataloaders is not None:
         loader = train_dataloaders
@@ -333,50 +336,52 @@ def plan_memory(
     param = next(model.parameters(), None)
     home = param.device if param is not None else torch.device("cpu")
     was_training = model.training
-    try:
-        model.to(device)
-        model.train()
-        batch = move_data_to_device(batch, device)
-        optimizers = _configured(model.configure_optimizers())[0]
-        optimizer = optimizers[0] if optimizers else None
-        forward = target.forward
-        loop = dataclasses.replace(TrainingLoop.of(trainer, model, target),
-                                   other_optimizer_state_bytes=other_optimizer_state_bytes(optimizers))
-        # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
-        with trainer.strategy.precision_plugin.train_step_context():
-            step = _probe_step(model, batch, target, device)
-            args, kwargs = (step.args, step.kwargs) if step else _forward_arguments(model, batch, target, call)
-            kept: list[Any] = []
-            plan = decide_plan(settings, target, forward, args, kwargs, optimizer, call="plan_memory",
-                               loop=loop, kept=kept)
-            if step is not None and (step.calls > 1 or step.eager_losses or step.made) and plan.candidates:
-                plan = rejudge_plan(settings, plan, kept, grad_bytes(target), calls=step.calls,
-                                    new_input_bytes=step.fresh, eager_loss=step.eager_losses,
-                                    made_input_bytes=step.made, loop=loop)
-            with checkpointed(target, plan.checkpoint):
-                plan, fc = forecast_plan(settings, plan, target, forward, args, kwargs, optimizer,
-                                         loop=loop)
-            for message in uncompiled_warnings(target, fc):
-                warnings.warn(f"plan_memory: {message}", PlanWarning, stacklevel=2)
-            if step is not None and step.backwards > 1:
-                warnings.warn(
-                    f"plan_memory: training_step ran {step.backwards} backward passes (manual optimization, e.g. a "
-                    "GAN's generator and discriminator steps); the plan covers the planned forward's calls, the "
-                    "code on their outputs, the first backward and one optimizer step, not what runs after the "
-                    "first backward.", PlanWarning, stacklevel=2)
-            if step is not None:
-                compiled, opt_mem = fc.compiled_parameter_ids, None
-                if compiled is not None and model.automatic_optimization and not _compat.fsdp_kinds(target).fsdp2:
-                    # the parameters neither the compiled forward nor the eager code reads get no gradient
-                    reached = compiled | step.reached
-                    loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(target, reached))
-                    gradless = {id(p) for p in gradless_parameters(target, reached)}
-                    if gradless and optimizer is not None:
-                        opt_mem = optimizer_memory(optimizer, gradless=gradless)
-                plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
-                                       eager_losses=step.eager_losses, made_input_bytes=step.made, loop=loop,
-                                       grads=step_grad_bytes(target, loop), optimizer=opt_mem)
-    finally:
-        model.to(home)
-        model.train(was_training)
+    # the user's torch.compile undone meanwhile: the plan compiles the forward (precompiled.py)
+    with instance_attributes(user.patches):
+        try:
+            model.to(device)
+            model.train()
+            batch = move_data_to_device(batch, device)
+            optimizers = _configured(model.configure_optimizers())[0]
+            optimizer = optimizers[0] if optimizers else None
+            forward = target.forward
+            loop = dataclasses.replace(TrainingLoop.of(trainer, model, target),
+                                       other_optimizer_state_bytes=other_optimizer_state_bytes(optimizers))
+            # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
+            with trainer.strategy.precision_plugin.train_step_context():
+                step = _probe_step(model, batch, target, device)
+                args, kwargs = (step.args, step.kwargs) if step else _forward_arguments(model, batch, target, call)
+                kept: list[Any] = []
+                plan = decide_plan(settings, target, forward, args, kwargs, optimizer, call="plan_memory",
+                                   loop=loop, kept=kept)
+                if step is not None and (step.calls > 1 or step.eager_losses or step.made) and plan.candidates:
+                    plan = rejudge_plan(settings, plan, kept, grad_bytes(target), calls=step.calls,
+                                        new_input_bytes=step.fresh, eager_loss=step.eager_losses,
+                                        made_input_bytes=step.made, loop=loop)
+                with checkpointed(target, plan.checkpoint):
+                    plan, fc = forecast_plan(settings, plan, target, forward, args, kwargs, optimizer,
+                                             loop=loop)
+                for message in uncompiled_warnings(target, fc):
+                    warnings.warn(f"plan_memory: {message}", PlanWarning, stacklevel=2)
+                if step is not None and step.backwards > 1:
+                    warnings.warn(
+                        f"plan_memory: training_step ran {step.backwards} backward passes (manual optimization, e.g. a "
+                        "GAN's generator and discriminator steps); the plan covers the planned forward's calls, the "
+                        "code on their outputs, the first backward and one optimizer step, not what runs after the "
+                        "first backward.", PlanWarning, stacklevel=2)
+                if step is not None:
+                    compiled, opt_mem = fc.compiled_parameter_ids, None
+                    if compiled is not None and model.automatic_optimization and not _compat.fsdp_kinds(target).fsdp2:
+                        # the parameters neither the compiled forward nor the eager code reads get no gradient
+                        reached = compiled | step.reached
+                        loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(target, reached))
+                        gradless = {id(p) for p in gradless_parameters(target, reached)}
+                        if gradless and optimizer is not None:
+                            opt_mem = optimizer_memory(optimizer, gradless=gradless)
+                    plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
+                                           eager_losses=step.eager_losses, made_input_bytes=step.made, loop=loop,
+                                           grads=step_grad_bytes(target, loop), optimizer=opt_mem)
+        finally:
+            model.to(home)
+            model.train(was_training)
     return plan

@@ -543,6 +543,43 @@ def test_a_smaller_last_batch_compiles_its_own_graph_and_the_plan_holds(tmp_path
     assert max(cb.measured[1]) > 1.5 * cb.plan.predicted_peak_bytes  # what the warning is about
 
 
+def test_a_model_compiled_before_fit_is_planned_and_its_compile_given_back(tmp_path: Path) -> None:
+    """``trainer.fit(torch.compile(model))``, as Lightning's docs compile: Lightning wraps forward and
+    the *_step methods in the user's compile (``from_compiled``). Under it dynamo traced the
+    callback's bookkeeping around the planned forward, and the forecast failed (no prediction);
+    with ``self.log`` in training_step, torch 2.13 did not even compile it. For the fit the
+    callback runs the originals and compiles the forward with the plan; Lightning's compiled
+    methods are put back after."""
+    from lightning.pytorch.utilities.compile import from_compiled
+
+    model = from_compiled(torch.compile(WideHead(), backend="aot_eager"))  # what fit does with it
+    compiled = {name: model.__dict__[name] for name in ("forward", "training_step")}
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2)
+    with pytest.warns(MemPlanWarning, match=r"the LightningModule \(`trainer.fit\(torch.compile\(model\)\)`\) "
+                      "was compiled with torch.compile before fit"):
+        _trainer(tmp_path, cb, epochs=1).fit(model)
+    assert cb.fallback_reason is None and cb.plan is not None and cb.plan.predicted_peak_bytes is not None
+    [peaks] = cb.measured
+    assert abs(max(peaks) - cb.plan.predicted_peak_bytes) <= 0.01 * max(peaks), (cb.plan.predicted_peak_bytes, peaks)
+    assert all(model.__dict__[name] is fn for name, fn in compiled.items())
+
+
+def test_a_submodule_compiled_by_the_user_is_planned(tmp_path: Path) -> None:
+    """``self.model = torch.compile(net)`` planned with ``submodule="model"``: the submodule is the
+    ``OptimizedModule`` wrapper, which has no forward of its own to compile (the fit fell back
+    uncompiled). The module it wraps is planned; the wrapper's compiled forward is put back after."""
+    model = Wrapper()
+    model.model = torch.compile(model.model, backend="aot_eager")
+    compiled = model.model.forward
+    cb = MemPlanCallback(0.5, backend="aot_eager", submodule="model", measure_batches=2)
+    with pytest.warns(MemPlanWarning, match=r"the planned submodule \(class TinyNet"):
+        _trainer(tmp_path, cb, epochs=1).fit(model)
+    assert cb.fallback_reason is None and cb.plan is not None and cb.plan.predicted_peak_bytes is not None
+    [peaks] = cb.measured
+    assert abs(max(peaks) - cb.plan.predicted_peak_bytes) <= 0.01 * max(peaks), (cb.plan.predicted_peak_bytes, peaks)
+    assert model.model.forward is compiled
+
+
 class Validated(TinyNet):
     """TinyNet with a validation loop (on its training data)."""
 

@@ -18,6 +18,7 @@ from .models import (
     TinyNet,
     TwoPhaseGAN,
     UnusedHead,
+    WideHead,
     WideHeadAccuracy,
     WideHeadManual,
     WideHeadTwoViews,
@@ -135,6 +136,23 @@ def test_plan_memory_plans_a_submodule_and_the_callback_reuses_it() -> None:
     cb = MemPlanCallback(plan=plan, backend="aot_eager", submodule="model")
     _trainer(callbacks=[cb]).fit(wrapper)
     assert cb.fallback_reason is None and cb.plan.predicted_peak_bytes == plan.predicted_peak_bytes
+
+
+def test_plan_memory_plans_what_the_user_compiled_and_gives_the_compile_back() -> None:
+    """A submodule the user compiled (``self.model = torch.compile(net)``) is the wrapper with no
+    forward of its own: plan_memory failed on it. A LightningModule given as ``torch.compile(model)``
+    is planned as the module it wraps. Both plans equal the plan of the uncompiled module."""
+    wrapper = Wrapper()
+    plain = plan_memory(_trainer(), wrapper, budget=0.5, backend="aot_eager", submodule="model")
+    wrapper.model = torch.compile(wrapper.model, backend="aot_eager")
+    compiled = wrapper.model.forward
+    plan = plan_memory(_trainer(), wrapper, budget=0.5, backend="aot_eager", submodule="model")
+    assert plan.predicted_peak_bytes == plain.predicted_peak_bytes
+    assert wrapper.model.forward is compiled and "forward" not in wrapper.model._orig_mod.__dict__
+    model = WideHead()
+    plain = plan_memory(_trainer(), model, budget=0.5, backend="aot_eager")
+    plan = plan_memory(_trainer(), torch.compile(model, backend="aot_eager"), budget=0.5, backend="aot_eager")
+    assert plan.predicted_peak_bytes == plain.predicted_peak_bytes
 
 
 @pytest.mark.parametrize("model_cls", [WideHeadAccuracy, WideHeadTwoViews, BytesIn],
