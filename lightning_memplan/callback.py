@@ -80,6 +80,14 @@ def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
     return types.MethodType(_fresh_function(type(module).forward), module)
 
 
+def _has_submodule(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
 class MemPlanCallback(Callback):
     r"""Compile the LightningModule with a memory plan and report predicted vs measured peak memory.
 
@@ -237,6 +245,7 @@ class MemPlanCallback(Callback):
         self._first_call = False
         self._stack = contextlib.ExitStack()
         self._uncompiled = contextlib.ExitStack()  # the user's own torch.compile undone (precompiled.py)
+        self._attached_to: nn.Module | None = None  # the module at `submodule` when _attach ran
         self._example: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self._window: Any = None
         # bytes the window's peak is shifted by to be above the prediction's baseline (gradients
@@ -322,21 +331,53 @@ class MemPlanCallback(Callback):
         check_torch_version()
         self._reset_fit_state()
         self.measured = []
-        user = compiled_by_user(pl_module, resolve_submodule(pl_module, self._submodule, "MemPlanCallback"))
+        self._trainer = trainer
+        self._lit = pl_module
+        if self._submodule is None or _has_submodule(pl_module, self._submodule):
+            self._attach(pl_module)
+        # else configure_model makes it (it runs after setup): attached at on_fit_start
+
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Attach to the planned submodule if ``configure_model`` made it, or again if it replaced
+        it (``self.model = torch.compile(self.model)``); a bad ``submodule`` name fails here, before
+        any batch."""
+        if self._lit is None:
+            return
+        if resolve_submodule(pl_module, self._submodule, "MemPlanCallback") is not self._attached_to:
+            self._detach()
+            self._attach(pl_module)
+
+    def _attach(self, pl_module: LightningModule) -> None:
+        """Route the planned module's ``forward`` through :meth:`_planned_forward` (an instance
+        attribute, so every strategy's wrapper calls it), with the user's own torch.compile undone
+        for the fit (:mod:`.precompiled`)."""
+        resolved = resolve_submodule(pl_module, self._submodule, "MemPlanCallback")
+        user = compiled_by_user(pl_module, resolved)
         if user.patches:
             self._uncompiled.enter_context(instance_attributes(user.patches))
             warnings.warn(
                 f"MemPlanCallback: {user.what} was compiled with torch.compile before fit. For this fit the "
                 f"callback compiles the planned forward itself, with the plan (backend {self._settings.backend!r}; "
                 "torch.compile options go to `compile_kwargs`), and the rest runs as written; your compiled "
-                "module is put back after fit.", MemPlanWarning, stacklevel=2)
+                "module is put back after fit.", MemPlanWarning, stacklevel=3)
         target = user.module
-        self._trainer = trainer
-        self._lit = pl_module
+        self._attached_to = resolved
         self._module = target
         self._saved_forward = target.__dict__.get("forward", _MISSING)
         self._orig_forward = target.forward
         target.forward = self._planned_forward  # type: ignore[method-assign]
+
+    def _detach(self) -> None:
+        """Undo :meth:`_attach`: the module's ``forward`` and the user's compile as they were."""
+        module = self._module
+        if module is not None:
+            if self._saved_forward is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = self._saved_forward  # type: ignore[method-assign]
+        self._uncompiled.close()
+        self._module = self._attached_to = None
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -350,16 +391,10 @@ class MemPlanCallback(Callback):
         self._restore()
 
     def _restore(self) -> None:
-        module = self._module
-        if module is not None:
-            if self._saved_forward is _MISSING:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = self._saved_forward  # type: ignore[method-assign]
+        self._detach()
         self._stack.close()
-        self._uncompiled.close()
         self._active_forward = None
-        self._module = self._lit = None
+        self._lit = None
 
     # ------------------------------------------------------------------ the planned forward
     def _planned_forward(self, *args: Any, **kwargs: Any) -> Any:

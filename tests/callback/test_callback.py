@@ -580,6 +580,41 @@ def test_a_submodule_compiled_by_the_user_is_planned(tmp_path: Path) -> None:
     assert model.model.forward is compiled
 
 
+class _MadeInConfigureModel(Wrapper):
+    """The network made (or compiled) in ``configure_model``, as Lightning recommends for large
+    models: it runs after the callbacks' ``setup``."""
+
+    def __init__(self, compile_there: bool) -> None:
+        super().__init__()
+        self._compile_there = compile_there
+        if not compile_there:
+            del self.model
+
+    def configure_model(self) -> None:
+        if self._compile_there:
+            self.model = torch.compile(self.model, backend="aot_eager")
+        elif not hasattr(self, "model"):
+            self.model = TinyNet()
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return TinyNet().train_dataloader()
+
+
+@pytest.mark.parametrize("compile_there", [False, True], ids=["made", "compiled"])
+def test_a_submodule_configure_model_makes_or_compiles_is_planned(tmp_path: Path, compile_there: bool) -> None:
+    """``submodule="model"`` where ``configure_model`` makes ``self.model`` (the fit failed in the
+    callback's setup: no such submodule) or wraps it in ``torch.compile`` (the user's compile then
+    traced the callback's forward): the callback attaches at ``on_fit_start``, after it."""
+    model = _MadeInConfigureModel(compile_there)
+    cb = MemPlanCallback(0.5, backend="aot_eager", submodule="model", measure_batches=2)
+    _trainer(tmp_path, cb, epochs=1).fit(model)
+    assert cb.fallback_reason is None and cb.plan is not None and cb.plan.predicted_peak_bytes is not None
+    [peaks] = cb.measured
+    assert abs(max(peaks) - cb.plan.predicted_peak_bytes) <= 0.01 * max(peaks), (cb.plan.predicted_peak_bytes, peaks)
+    inner = model.model._orig_mod if compile_there else model.model
+    assert "forward" not in inner.__dict__  # given back
+
+
 class Validated(TinyNet):
     """TinyNet with a validation loop (on its training data)."""
 
