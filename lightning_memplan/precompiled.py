@@ -64,7 +64,8 @@ def compiled_by_user(lightning_module: nn.Module, target: nn.Module) -> UserComp
         what.append("the LightningModule (`trainer.fit(torch.compile(model))`)")
     module = target
     if isinstance(target, optimized_module):
-        module = target._orig_mod
+        while isinstance(module, optimized_module):  # torch.compile(torch.compile(net)) too
+            module = module._orig_mod
         patches.append((target, "forward", module.__call__))
         what.append(f"the planned submodule (class {type(module).__name__}, `torch.compile(...)`)")
     return UserCompile(module=module, patches=tuple(patches), what=" and ".join(what))

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device, rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from . import _compat
@@ -297,6 +298,10 @@ def plan_memory(
     ``trainer.strategy.root_device`` with the model. Afterwards the model is back on its device and
     in its mode, with its parameters, gradients and buffers as they were.
 
+    A model that overrides ``configure_model`` (which makes or compiles layers there) gets it called
+    first, as ``fit`` calls it (Lightning asks for it to be idempotent). A model the user compiled
+    (``torch.compile(model)``, a compiled submodule) is planned as written (:mod:`.precompiled`).
+
     The step is planned as ``fit`` runs it: inside the Trainer's precision plugin's step context
     (autocast for ``"16-mixed"`` / ``"bf16-mixed"``) and with its ``accumulate_grad_batches``. The
     ``"-true"`` precisions convert the module's parameters only when ``fit`` starts; for those the
@@ -321,6 +326,9 @@ def plan_memory(
         backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend,
         remat_budgets=remat_budgets)
     model = getattr(model, "_orig_mod", model) if not isinstance(model, LightningModule) else model  # torch.compile
+    check_submodule(submodule, "plan_memory")
+    if is_overridden("configure_model", model):  # it makes (or compiles) the model, as fit calls it
+        model.configure_model()
     user = compiled_by_user(model, resolve_submodule(model, check_submodule(submodule, "plan_memory"), "plan_memory"))
     target = user.module
     call = f"self.{submodule}(...)" if submodule else "self(...)"

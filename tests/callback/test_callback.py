@@ -591,7 +591,7 @@ class _MadeInConfigureModel(Wrapper):
             del self.model
 
     def configure_model(self) -> None:
-        if self._compile_there:
+        if self._compile_there and isinstance(self.model, TinyNet):  # idempotent, as Lightning asks
             self.model = torch.compile(self.model, backend="aot_eager")
         elif not hasattr(self, "model"):
             self.model = TinyNet()

@@ -155,6 +155,21 @@ def test_plan_memory_plans_what_the_user_compiled_and_gives_the_compile_back() -
     assert plan.predicted_peak_bytes == plain.predicted_peak_bytes
 
 
+@pytest.mark.parametrize("compile_there", [False, True], ids=["made", "compiled"])
+def test_plan_memory_calls_configure_model_as_fit_does(compile_there: bool) -> None:
+    """A submodule ``configure_model`` makes (or compiles): plan_memory failed with "no submodule"
+    (or planned the uncompiled module the user's compile then replaced in fit). The fit reuses the
+    plan without searching."""
+    from .test_callback import _MadeInConfigureModel
+
+    model = _MadeInConfigureModel(compile_there)
+    plan = plan_memory(_trainer(), model, budget=0.5, backend="aot_eager", submodule="model")
+    assert plan.predicted_peak_bytes
+    cb = MemPlanCallback(plan=plan, backend="aot_eager", submodule="model")
+    _trainer(callbacks=[cb]).fit(model)
+    assert cb.fallback_reason is None and cb.plan.predicted_peak_bytes == plan.predicted_peak_bytes
+
+
 @pytest.mark.parametrize("model_cls", [WideHeadAccuracy, WideHeadTwoViews, BytesIn],
                          ids=["metric", "two-calls", "made-inputs"])
 def test_plan_memory_measures_the_eager_code_on_the_outputs(model_cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
