@@ -7,8 +7,9 @@
 * :func:`max_over_ranks`: the largest measured peak over all ranks, for logging.
 
 Single-device strategies pass through. The compile itself is applied to the LightningModule's own
-``forward`` (an instance attribute set in ``setup``, before DDP/FSDP wrap the module), so every
-strategy's wrapper calls the planned, compiled forward on each rank.
+``forward`` (an instance attribute set in ``setup``, before DDP/FSDP wrap the module, or at
+``on_fit_start`` for a submodule that ``configure_model`` makes), so every strategy's wrapper calls
+the planned, compiled forward on each rank.
 """
 from __future__ import annotations
 

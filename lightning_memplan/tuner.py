@@ -326,10 +326,10 @@ def plan_memory(
         backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend,
         remat_budgets=remat_budgets)
     model = getattr(model, "_orig_mod", model) if not isinstance(model, LightningModule) else model  # torch.compile
-    check_submodule(submodule, "plan_memory")
+    path = check_submodule(submodule, "plan_memory")
     if is_overridden("configure_model", model):  # it makes (or compiles) the model, as fit calls it
         model.configure_model()
-    user = compiled_by_user(model, resolve_submodule(model, check_submodule(submodule, "plan_memory"), "plan_memory"))
+    user = compiled_by_user(model, resolve_submodule(model, path, "plan_memory"))
     target = user.module
     call = f"self.{submodule}(...)" if submodule else "self(...)"
     if train_dataloaders is not None:

@@ -141,7 +141,10 @@ def _rng_wrapped(node: fx.Node) -> tuple[Any, tuple[Any, ...], int] | None:
         return node.args[0], tuple(node.args[1:]), 0
     if name == "run_with_rng_state" and len(node.args) >= 2:
         state = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-        on_cpu = isinstance(state, torch.Tensor) and state.device.type == "cpu"
+        ins = [a.meta.get("val") for a in node.args[2:] if isinstance(a, fx.Node)]
+        # the CPU generator's state (a CUDA generator's is 16 B, in host memory)
+        on_cpu = isinstance(state, torch.Tensor) and all(
+            t.device.type == "cpu" for t in ins if isinstance(t, torch.Tensor))
         saved = _compat.concrete_int(state.untyped_storage().nbytes()) if on_cpu else 0
         return node.args[1], tuple(node.args[2:]), saved
     return None
