@@ -37,6 +37,7 @@ from .planner import (
     PlanSettings,
     PlanWarning,
     TrainingLoop,
+    call_signature,
     check_submodule,
     decide_plan,
     eager_forward_warning,
@@ -49,6 +50,7 @@ from .planner import (
     lightning_step_timeline,
     live_grad_bytes,
     made_input_bytes,
+    other_call_forecasts,
     other_optimizer_state_bytes,
     plan_solver,
     rejudge_plan,
@@ -259,6 +261,10 @@ class MemPlanCallback(Callback):
         #: that many calls after the first batch).
         self.forward_calls_per_step = 0
         self._call_inputs: list[dict[int, int]] = []  # per call of the first batch: storage -> bytes
+        #: Per call of the first batch: its arguments' shapes (call_signature); and the arguments
+        #: of a call of each other signature than the first's, to forecast them (_other_forecasts)
+        self._call_signatures: list[tuple[Any, ...]] = []
+        self._other_calls: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._before_step: set[int] = set()  # storages live before a step: the batch, parameters, buffers
         #: Bytes of the first call's inputs that training_step made (not in the batch: ``x.float() / 255``).
         self._made_inputs = 0
@@ -405,6 +411,9 @@ class MemPlanCallback(Callback):
         if self._fit_batches == 1 and in_training and torch.is_grad_enabled():
             self.forward_calls_per_step += 1
             self._call_inputs.append(input_storages(args, kwargs))
+            self._call_signatures.append(call_signature(args, kwargs))
+            if self._call_signatures[-1] != self._call_signatures[0]:
+                self._other_calls.setdefault(self._call_signatures[-1], (args, kwargs))
         if self.plan is None and self.fallback_reason is None and in_training and torch.is_grad_enabled():
             self._example = (args, kwargs)
             self._activate()
@@ -762,8 +771,8 @@ class MemPlanCallback(Callback):
                     "higher than predicted. Plan the part that dominates memory (`submodule=`), or check "
                     "memplan/prediction_error.", MemPlanWarning, stacklevel=2)
             self._kept_forecasts = ()
-            if not self._may_replan():
-                self._example = None  # no re-plan can follow: do not hold on to the first batch
+            if not self._may_replan():  # no re-plan can follow: do not hold on to the first batch
+                self._example, self._other_calls = None, {}
         self._check_recompiles()
         peak = self._close_window()
         if self._discard_window:  # a plan was installed (forecast, compiled) inside this window
@@ -818,6 +827,8 @@ class MemPlanCallback(Callback):
             gradless = self._gradless_bytes()
             if (calls == 1 and not self.eager_losses and not made and not gradless) or not self._kept_forecasts:
                 return plan  # nothing new to judge by: the plan stands
+            if self._other_calls:  # the candidates were forecast for the first call's shapes only
+                return plan
             loop = self._loop()
             return rejudge_plan(self._settings, plan, self._kept_forecasts, step_grad_bytes(module, loop),
                                 calls=calls, new_input_bytes=self._fresh_input_bytes(calls),
@@ -851,6 +862,19 @@ class MemPlanCallback(Callback):
         else:
             self._install(plan)
 
+    def _other_forecasts(self, plan: MemPlan, first: Any) -> list[Any]:
+        """One forecast per call after the first in the first batch: ``first`` (the first call's)
+        for a call of its shapes, else the plan forecast on that call's arguments, which dynamo
+        compiles graphs of their own for (a labeled and a larger unlabeled batch). Raises when one
+        cannot be made (the forward runs collectives: a forecast outside it would read sharded
+        parameters), or fails."""
+        module = self._module
+        assert module is not None and self._orig_forward is not None
+        if forward_has_collectives(module):
+            raise RuntimeError("calls of other input shapes are not forecast under FSDP or tensor parallelism")
+        return other_call_forecasts(self._settings, plan, module, self._orig_forward, self._optimizer(), self._loop(),
+                                    first, self._call_signatures, self._other_calls)
+
     def _forecast_step(self) -> None:
         """Lay the forecast out for the step the first batch showed (nothing is compiled) and
         predict from it: ``training_step`` called the planned forward several times
@@ -871,6 +895,8 @@ class MemPlanCallback(Callback):
         try:
             loop = self._loop()
             assert self._module is not None
+            if self._other_calls:
+                fc = fc.with_calls(self._other_forecasts(plan, fc), new_input_bytes=self._fresh_input_bytes(calls))
             plan, fc = lay_out_step(plan, fc, calls=calls, new_input_bytes=self._fresh_input_bytes(calls),
                                     eager_losses=losses, made_input_bytes=self._made_inputs, loop=loop,
                                     grads=step_grad_bytes(self._module, loop), optimizer=self._optimizer_memory())
@@ -887,7 +913,9 @@ class MemPlanCallback(Callback):
                          "not before it)")
         if calls > 1:
             parts.append(f"training_step called the planned forward {calls} times in one step; the forecast now "
-                         f"covers {calls} calls (every call's saved activations live until its backward)")
+                         f"covers {calls} calls (every call's saved activations live until its backward)"
+                         + (f", {len(self._other_calls)} other input shape(s) forecast with the plan on their own "
+                            "compiled graphs" if self._other_calls else ""))
         if losses and (calls > 1 or self._verbose):
             kept = sum(m.kept_bytes for m in losses)
             eager = max(max(m.forward_peak_bytes, m.kept_bytes) for m in losses)

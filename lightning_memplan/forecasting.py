@@ -195,6 +195,8 @@ class Forecast:
     _extra: tuple[int, ...] = field(default=(), repr=False, compare=False)
     #: Bytes of the first call's inputs made in the step (:meth:`with_inputs_made_in_step`).
     _made: int = field(default=0, repr=False, compare=False)
+    #: Forecasts of the calls after the first, when they run other graphs (:meth:`with_calls`).
+    _others: tuple[Forecast, ...] = field(default=(), repr=False, compare=False)
     _backend: MemplanBackend = field(repr=False, compare=False)
     #: What the timeline was laid out from: (per-region plans, executions, optimizer memory, FSDP
     #: overlay).
@@ -203,6 +205,12 @@ class Forecast:
     def step(self) -> torch.Tensor:
         """Run one training step compiled with this plan; return the (detached) loss."""
         return self._step()
+
+    @property
+    def calls(self) -> int:
+        """Calls of the model per step the timeline is laid out for (:meth:`repeated`,
+        :meth:`with_calls`; 1 unless laid out again)."""
+        return self._calls
 
     def repeated(self, calls: int, new_input_bytes: int | Sequence[int] = 0) -> Forecast:
         """This forecast for a step that calls the model ``calls`` times on inputs of the same shapes
@@ -236,6 +244,39 @@ class Forecast:
         if calls == 1 or not self._parts or self.peak_bytes is None or self.breakdown is None:
             return self
         return self._laid_out(calls, tuple(extra), (), self._made)
+
+    def with_calls(self, others: Sequence[Forecast], new_input_bytes: int | Sequence[int] = 0) -> Forecast:
+        """This forecast for a step that calls the model on this forecast's inputs, then once on
+        each of ``others``' inputs, and backpropagates through all of them: ``others`` are forecasts
+        of the same model under the same plan for inputs dynamo compiles other graphs for (another
+        shape: a labeled and a larger unlabeled batch, crops of two sizes), where :meth:`repeated`
+        would lay out this call's graphs again. Laid out as :meth:`repeated` lays out its calls
+        (forwards in call order, each call's saved activations live until its backward, backwards
+        from the last call to the first, earlier calls' parameter gradients summed into the last's);
+        nothing is compiled. ``new_input_bytes`` as for :meth:`repeated`. ``regions`` stay this
+        call's (each ``other`` has its own); the allocation stream and the CUDA allocator model are
+        not laid out (``None``).
+
+        Raises:
+            ValueError: ``others`` is empty, holds something that is not a forecast of the same budget
+                and solver that succeeded, or this forecast is already laid out for several calls.
+        """
+        others = tuple(others)
+        bad = [o for o in others if not isinstance(o, Forecast) or o.peak_bytes is None or not o._parts
+               or (o.budget, o.solver) != (self.budget, self.solver)]
+        if not others or bad or self._calls != 1:
+            raise ValueError(f"`Forecast.with_calls(others=...)` takes successful forecasts of the same budget "
+                             f"({self.budget}) and solver ({self.solver!r}), at least one, on a forecast laid out "
+                             f"for one call; got {len(others)} ({len(bad)} unusable) on one laid out for "
+                             f"{self._calls}.")
+        calls = 1 + len(others)
+        extra = [new_input_bytes] * (calls - 1) if isinstance(new_input_bytes, int) else list(new_input_bytes)
+        if len(extra) != calls - 1 or any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in extra):
+            raise ValueError(f"`Forecast.with_calls(new_input_bytes={new_input_bytes!r})` must be an int >= 0 or "
+                             f"{calls - 1} of them (one per call after the first).")
+        if not self._parts or self.peak_bytes is None or self.breakdown is None:
+            return self
+        return dataclasses.replace(self, _others=others)._laid_out(calls, tuple(extra), (), self._made)
 
     def with_inputs_made_in_step(self, nbytes: int) -> Forecast:
         """This forecast for a step that makes ``nbytes`` of the model's inputs itself
@@ -310,11 +351,21 @@ class Forecast:
         assert self.breakdown is not None
         plans, executions, opt, overlay, early = self._parts
         one = _executed(list(plans), executions)
-        n = len(one)
-        seq = one * calls
-        ends = [n * (c + 1) - 1 for c in range(calls)]
-        acc = [p.param_gradients if j < n * (calls - 1) else 0 for j, p in enumerate(seq)]
-        fresh = [extra[j // n - 1] if j % n == 0 and j >= n else 0 for j in range(len(seq))]
+        if self._others:  # each later call runs the graphs of its own forecast (with_calls)
+            assert calls == 1 + len(self._others)
+            ones = [one, *(_executed(list(o._parts[0]), o._parts[1]) for o in self._others)]
+            earlies = [early, *(o._parts[4] for o in self._others)]
+        else:
+            ones, earlies = [one] * calls, [early] * calls
+        starts = [0]
+        for run in ones:
+            starts.append(starts[-1] + len(run))
+        seq = [p for run in ones for p in run]
+        ends = [starts[c + 1] - 1 for c in range(calls)]
+        acc = [p.param_gradients if j < starts[calls - 1] else 0 for j, p in enumerate(seq)]
+        fresh = [0] * len(seq)
+        for c in range(1, calls):
+            fresh[starts[c]] = extra[c - 1]
         fresh[0] += made
         events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in (overlay or {}).items()} if calls == 1 else {}
         hold: dict[int, int] = {}
@@ -329,8 +380,8 @@ class Forecast:
         # each call's outputs die where the compiling run's did, in that call's own backwards, unless
         # training_step took hold of one of them (returned it: Lightning keeps it through the backward)
         held = [c < len(losses) and losses[c].held_inner_bytes > 0 for c in range(calls)]
-        run_early = {c * n + j: {c * n + i: b for i, b in by.items()}
-                     for c in range(calls) if not held[c] for j, by in early.items()}
+        run_early = {starts[c] + j: {starts[c] + i: b for i, b in by.items()}
+                     for c in range(calls) if not held[c] for j, by in (earlies[c] or {}).items()}
         timeline, peak, (acts, grads, temps, fsdp) = _layout(seq, opt, ends=frozenset(ends), accumulate=acc,
                                                              inputs=fresh, overlay=events, bw_hold=hold,
                                                              early=run_early)
@@ -350,7 +401,8 @@ class Forecast:
             breakdown=dataclasses.replace(self.breakdown, activations=acts, gradients=grads,
                                           optimizer_temporaries=temps, fsdp_buffers=fsdp,
                                           inputs=self.breakdown.inputs + self._made - made),
-            regions=tuple(dataclasses.replace(r, calls=r.calls // per_call * calls) for r in self.regions),
+            regions=self.regions if self._others else tuple(
+                dataclasses.replace(r, calls=r.calls // per_call * calls) for r in self.regions),
             allocations=None if relaid else self.allocations,
             cuda_allocator=None if relaid else self.cuda_allocator,
             problems=self.problems + tuple(m for m in notes if m not in self.problems),
@@ -361,7 +413,8 @@ class Forecast:
         :meth:`repeated` can still lay out (``step()`` no longer runs), cheap to keep for many
         candidate plans."""
         return dataclasses.replace(self, _step=None, _backend=None,  # type: ignore[arg-type]
-                                   regions=tuple(dataclasses.replace(r, _graphs=(None, None)) for r in self.regions))
+                                   regions=tuple(dataclasses.replace(r, _graphs=(None, None)) for r in self.regions),
+                                   _others=tuple(o._detached() for o in self._others))
 
     @property
     def compiled_parameter_bytes(self) -> int | None:

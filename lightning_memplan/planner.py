@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -495,6 +495,15 @@ def input_storages(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[int, int
     return {storage_key(t): int(t.untyped_storage().nbytes()) for t in leaves}
 
 
+def call_signature(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``(shape, dtype, device type)`` of each tensor among a call's arguments, in order: calls
+    that differ in it run graphs of their own (the callback compiles with ``dynamic=False``)."""
+    from ._compat import tree_leaves
+
+    return tuple((tuple(t.shape), t.dtype, t.device.type)
+                 for t in tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor))
+
+
 def fresh_input_bytes(call_inputs: Sequence[dict[int, int]], calls: int,
                       before: Collection[int] = ()) -> list[int] | int:
     """Bytes of the inputs each call after the first got that no earlier call had (another view
@@ -547,7 +556,7 @@ def _step_forecast(fc: Any, *, calls: int, new_input_bytes: int | Sequence[int],
     eager losses (one per call) laid in; nothing is compiled."""
     if made_input_bytes:
         fc = fc.with_inputs_made_in_step(made_input_bytes)
-    if calls > 1:
+    if calls > 1 and fc.calls != calls:  # (laid out already for calls of other shapes: with_calls)
         fc = fc.repeated(calls, new_input_bytes=new_input_bytes)
     return fc.with_eager_loss(tuple(eager_losses)) if eager_losses else fc
 
@@ -586,6 +595,24 @@ def lay_out_step(plan: MemPlan, fc: Any, *, calls: int, new_input_bytes: int | S
         if "fsdp_buffers" in breakdown:  # those live at the new peak
             breakdown["fsdp_buffers"] = fc.breakdown.fsdp_buffers
     return dataclasses.replace(plan, predicted_peak_bytes=peak, baseline_bytes=baseline, breakdown=breakdown), fc
+
+
+def other_call_forecasts(settings: PlanSettings, plan: MemPlan, module: nn.Module, forward: Callable[..., Any],
+                         optimizer: torch.optim.Optimizer | None, loop: TrainingLoop, first: Any,
+                         signatures: Sequence[tuple[Any, ...]],
+                         others: Mapping[tuple[Any, ...], tuple[Sequence[Any], dict[str, Any]]]) -> list[Any]:
+    """One forecast per call of a step after the first, for ``Forecast.with_calls``: ``first`` (the
+    first call's forecast) for a call of its shapes (``signatures``: :func:`call_signature` of
+    every call, in order), else ``plan`` forecast (:func:`forecast_plan`; its blocks must already be
+    wrapped) on the arguments ``others`` holds for that call's signature: dynamo compiles graphs of
+    their own for them. Raises when one fails."""
+    by_signature: dict[tuple[Any, ...], Any] = {}
+    for signature, (args, kwargs) in others.items():
+        _, fc = forecast_plan(settings, plan, module, forward, args, kwargs, optimizer, loop=loop)
+        if fc.peak_bytes is None:
+            raise RuntimeError("the forecast for a call of other input shapes failed: " + "; ".join(fc.problems))
+        by_signature[signature] = fc
+    return [first if sig == signatures[0] else by_signature[sig] for sig in signatures[1:]]
 
 
 def forecast_plan(

@@ -33,6 +33,7 @@ from .planner import (
     PlanSettings,
     PlanWarning,
     TrainingLoop,
+    call_signature,
     check_submodule,
     decide_plan,
     forecast_plan,
@@ -43,6 +44,7 @@ from .planner import (
     input_storages,
     lay_out_step,
     made_input_bytes,
+    other_call_forecasts,
     other_optimizer_state_bytes,
     rejudge_plan,
     resolve_submodule,
@@ -180,6 +182,10 @@ class _ProbedStep:
     reached: frozenset[int] = frozenset()
     #: ``manual_backward`` calls in the step (manual optimization; 0 under automatic optimization).
     backwards: int = 0
+    #: Per call: its arguments' shapes (``call_signature``); the arguments of one call of each
+    #: signature other than the first call's (forecast on their own: ``Forecast.with_calls``).
+    signatures: tuple[tuple[Any, ...], ...] = ()
+    others: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
 
 def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: torch.device) -> _ProbedStep | None:
@@ -195,6 +201,8 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
     eager = EagerCalls(device)
     inputs: list[dict[int, int]] = []
     first: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    signatures: list[tuple[Any, ...]] = []
+    others: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
     def leaf(t: Any) -> Any:
         return t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
@@ -204,6 +212,9 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         if not first:
             first.append((args, kwargs))
         inputs.append(input_storages(args, kwargs))
+        signatures.append(call_signature(args, kwargs))
+        if signatures[-1] != signatures[0]:
+            others.setdefault(signatures[-1], (args, kwargs))
         with torch.no_grad():
             out = _compat.tree_map(leaf, original(*args, **kwargs))
         eager.returned(out)
@@ -236,7 +247,7 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         return _ProbedStep(args=first[0][0], kwargs=first[0][1], calls=len(noted),
                            fresh=fresh_input_bytes(inputs, len(noted), before), eager_losses=losses,
                            made=made_input_bytes(inputs, before), reached=frozenset(parameters_reached(loss)),
-                           backwards=len(backwards))
+                           backwards=len(backwards), signatures=tuple(signatures), others=others)
     except Exception as exc:  # noqa: BLE001 - planned without it
         rank_zero_info(f"plan_memory: running training_step once to measure the loss on the outputs failed "
                        f"({exc!r}); planning the compiled forward alone.")
@@ -362,7 +373,9 @@ def plan_memory(
                 kept: list[Any] = []
                 plan = decide_plan(settings, target, forward, args, kwargs, optimizer, call="plan_memory",
                                    loop=loop, kept=kept)
-                if step is not None and (step.calls > 1 or step.eager_losses or step.made) and plan.candidates:
+                # (calls of other shapes: the candidates were forecast for the first call's only)
+                if (step is not None and (step.calls > 1 or step.eager_losses or step.made) and plan.candidates
+                        and not step.others):
                     plan = rejudge_plan(settings, plan, kept, grad_bytes(target), calls=step.calls,
                                         new_input_bytes=step.fresh, eager_loss=step.eager_losses,
                                         made_input_bytes=step.made, loop=loop)
@@ -386,6 +399,11 @@ def plan_memory(
                         gradless = {id(p) for p in gradless_parameters(target, reached)}
                         if gradless and optimizer is not None:
                             opt_mem = optimizer_memory(optimizer, gradless=gradless)
+                    if step.others:
+                        with checkpointed(target, plan.checkpoint):
+                            others = other_call_forecasts(settings, plan, target, forward, optimizer, loop, fc,
+                                                          step.signatures, step.others)
+                        fc = fc.with_calls(others, new_input_bytes=step.fresh)
                     plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
                                            eager_losses=step.eager_losses, made_input_bytes=step.made, loop=loop,
                                            grads=step_grad_bytes(target, loop), optimizer=opt_mem)

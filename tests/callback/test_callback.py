@@ -615,6 +615,28 @@ def test_a_submodule_configure_model_makes_or_compiles_is_planned(tmp_path: Path
     assert "forward" not in inner.__dict__  # given back
 
 
+class _SemiSupervised(TinyNet):
+    """A labeled batch and a 4x larger unlabeled one (made in the step) through the model, with a
+    consistency loss on the second, as semi-supervised steps do."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        unlabeled = torch.randn(4 * x.shape[0], x.shape[1])
+        return torch.nn.functional.mse_loss(self(x), y) + self(unlabeled).pow(2).mean()
+
+
+def test_calls_of_other_input_shapes_are_forecast_on_their_own_graphs(tmp_path: Path) -> None:
+    """The second call's inputs are 4x larger: dynamo compiles graphs of their own for them, and
+    laying out the first call's graphs twice was -69.9% (silently). The callback forecasts the plan
+    on the other call's inputs too (``Forecast.with_calls``)."""
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=3)
+    _trainer(tmp_path, cb, epochs=1).fit(_SemiSupervised(width=64, batch=64, batches=6))
+    assert cb.fallback_reason is None and cb.forward_calls_per_step == 2 and cb.forecast.calls == 2
+    [peaks] = cb.measured
+    predicted = cb.plan.predicted_peak_bytes
+    assert abs(max(peaks) - predicted) <= 0.01 * max(peaks), (predicted, peaks)
+
+
 class Validated(TinyNet):
     """TinyNet with a validation loop (on its training data)."""
 

@@ -170,6 +170,20 @@ def test_plan_memory_calls_configure_model_as_fit_does(compile_there: bool) -> N
     assert cb.fallback_reason is None and cb.plan.predicted_peak_bytes == plan.predicted_peak_bytes
 
 
+def test_plan_memory_forecasts_calls_of_other_shapes_as_fit_does() -> None:
+    """A labeled and a 4x larger unlabeled call per step: the plan covers both calls' own graphs,
+    and the fit predicts the same (before: the first call laid out twice)."""
+    from .test_callback import _SemiSupervised
+
+    model = _SemiSupervised(width=64, batch=64, batches=6)
+    plan = plan_memory(_trainer(), model, budget=0.5, backend="aot_eager")
+    cb = MemPlanCallback(plan=plan, backend="aot_eager", measure_batches=2)
+    _trainer(callbacks=[cb]).fit(model)
+    assert cb.fallback_reason is None and cb.forecast.calls == 2
+    assert plan.predicted_peak_bytes == pytest.approx(cb.plan.predicted_peak_bytes, rel=0.001)
+    assert plan.predicted_peak_bytes == pytest.approx(max(cb.measured[0]), rel=0.01)
+
+
 @pytest.mark.parametrize("model_cls", [WideHeadAccuracy, WideHeadTwoViews, BytesIn],
                          ids=["metric", "two-calls", "made-inputs"])
 def test_plan_memory_measures_the_eager_code_on_the_outputs(model_cls: type, monkeypatch: pytest.MonkeyPatch) -> None:

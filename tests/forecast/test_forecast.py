@@ -263,6 +263,40 @@ def test_repeated_lays_a_step_out_for_several_calls_of_the_model(make_mlp: Calla
     print(f"\none call {fc.peak_bytes}, two calls {two.peak_bytes}, measured {measured}")
     assert abs(two.peak_bytes - measured) / measured <= 0.02
 
+def test_with_calls_lays_a_step_out_for_calls_of_other_shapes(make_mlp: Callable[..., nn.Module]) -> None:
+    """A labeled batch and a 4x larger unlabeled one through one compiled model (semi-supervised
+    steps): dynamo compiles graphs per shape, so the second call is its own forecast. Laid out as
+    :meth:`repeated` would lay out the first call twice, the step was 57% low here."""
+    from lightning_memplan.compile import memplan_backend
+
+    model = make_mlp(width=128, depth=3)
+    x, u = torch.randn(64, 128), torch.randn(256, 128)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fc = forecast(model, (x,), budget=0.5, backend="aot_eager", optimizer=opt)
+    fc_u = forecast(model, (u,), budget=0.5, backend="aot_eager", optimizer=opt)
+    # the same shapes: exactly what repeated lays out
+    same, twice = fc.with_calls([fc]), fc.repeated(2)
+    assert same.calls == twice.calls == 2 and same.peak_bytes == twice.peak_bytes and same.timeline == twice.timeline
+    both = fc.with_calls([fc_u])
+    with pytest.raises(ValueError, match=r"`Forecast.with_calls\(others=...\)` takes successful forecasts of the same"):
+        fc.with_calls([forecast(model, (u,), budget=1.0, backend="aot_eager", optimizer=opt)])
+    with pytest.raises(ValueError, match=r"on a forecast laid out for one call; got 1 \(0 unusable\) on one laid out "
+                                         r"for 2"):
+        twice.with_calls([fc_u])
+    compiled = torch.compile(lambda t: model(t).sum(), backend=memplan_backend(budget=0.5, inner="aot_eager"))
+
+    def step() -> None:
+        (compiled(x) + compiled(u)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    measured = measure_peak(step, device="cpu")
+    print(f"\nrepeated {twice.peak_bytes}, with_calls {both.peak_bytes}, measured {measured}")
+    assert twice.peak_bytes < 0.8 * measured
+    assert abs(both.peak_bytes - measured) / measured <= 0.02
+
+
 def test_capture_failure_is_reported_and_step_still_trains(
     monkeypatch: pytest.MonkeyPatch, make_mlp: Callable[..., nn.Module]
 ) -> None:
