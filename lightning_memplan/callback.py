@@ -135,7 +135,8 @@ class MemPlanCallback(Callback):
             so does one warm-up batch before them (see :meth:`on_train_batch_start`).
         log_plots: write the Pareto-front and memory-timeline PNGs into the logger's directory (and
             as TensorBoard figures, MLflow run artifacts under ``memplan/``, or W&B images under
-            the keys ``memplan/frontier`` and ``memplan/timeline``, when those loggers are used).
+            the keys ``memplan/frontier`` and ``memplan/timeline``, when those loggers are used);
+            none under ``Trainer(fast_dev_run=...)``, which writes no files.
         compile_kwargs: extra keyword arguments for ``torch.compile``. The callback compiles with
             ``dynamic=False`` unless they set ``dynamic``: a smaller last batch then gets a static
             graph of its own, and the planned graph keeps serving the planned size (see
@@ -1102,6 +1103,8 @@ class MemPlanCallback(Callback):
         from .report import save_figure
 
         trainer = self._trainer
+        if trainer is not None and trainer.fast_dev_run:
+            return  # a debugging run: Lightning writes no logs or checkpoints then, nor do we
         loggers = list(trainer.loggers) if trainer is not None else []
         for logger in loggers:
             if isinstance(logger, TensorBoardLogger):

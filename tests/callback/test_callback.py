@@ -637,6 +637,18 @@ def test_calls_of_other_input_shapes_are_forecast_on_their_own_graphs(tmp_path: 
     assert abs(max(peaks) - predicted) <= 0.01 * max(peaks), (predicted, peaks)
 
 
+def test_fast_dev_run_plans_and_writes_no_files(tmp_path: Path) -> None:
+    """``fast_dev_run`` is a debugging run (Lightning writes no logs or checkpoints): the callback
+    plans and compiles as usual but draws no pictures (it wrote ``memplan/*.png`` into the working
+    directory's default root)."""
+    cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.5), checkpoint=None, remat_budgets=())
+    trainer = Trainer(fast_dev_run=True, accelerator="cpu", callbacks=[cb], default_root_dir=tmp_path,
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(TinyNet())
+    assert cb.fallback_reason is None and cb.plan is not None and cb.plan.predicted_peak_bytes
+    assert not list(tmp_path.rglob("*.png"))
+
+
 class Validated(TinyNet):
     """TinyNet with a validation loop (on its training data)."""
 

@@ -1,6 +1,7 @@
 """plan_memory: plan before a run, reuse the JSON in the callback, leave the model untouched."""
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def test_plan_memory_then_train_from_the_json(tmp_path: Path) -> None:
 
     cb = MemPlanCallback(plan=path, backend="aot_eager")
     Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
-            enable_progress_bar=False, enable_model_summary=False, callbacks=[cb]).fit(model)
+            enable_progress_bar=False, enable_model_summary=False, callbacks=[cb], default_root_dir=tmp_path).fit(model)
     assert cb.plan.budget == plan.budget and cb.plan.candidates == plan.candidates
     assert cb.timings["decide_seconds"] < 1.0  # reused, not searched
 
@@ -110,8 +111,11 @@ def test_plan_memory_runs_a_manual_optimization_step_as_fit_does() -> None:
 
 
 def _trainer(**kw: object) -> Trainer:
+    # the callback's pictures go to default_root_dir without a logger: not into the checkout
+    root = tempfile.mkdtemp(prefix="memplan-test-")
     return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_epochs=1,
-                   enable_progress_bar=False, enable_model_summary=False, **kw)  # type: ignore[arg-type]
+                   enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+                   **kw)  # type: ignore[arg-type]
 
 
 def test_plan_memory_plans_the_step_fit_runs_mixed_precision_and_accumulation() -> None:
