@@ -57,7 +57,10 @@ def compiled_by_user(lightning_module: nn.Module, target: nn.Module) -> UserComp
     uncompiled (hooks included). ``module`` is the one to plan and compile."""
     from ._compat import require
 
-    optimized_module = require("torch._dynamo.eval_frame", "OptimizedModule")
+    try:
+        optimized_module: Any = require("torch._dynamo.eval_frame", "OptimizedModule")
+    except RuntimeError:  # a torch without it: nothing can be its instance
+        optimized_module = ()
     patches = list(_lightning_compiled(lightning_module))
     what = []
     if patches:

@@ -161,17 +161,17 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
         return a.meta.get("val") if isinstance(a, fx.Node) else a
 
     target, args, kwargs, extra = node.target, node.args, node.kwargs, 0
-    wrapped = _rng_wrapped(node)
-    if wrapped is not None:
-        (target, args, extra), kwargs = wrapped, {}
     try:
+        wrapped = _rng_wrapped(node)
         if wrapped is not None:
+            (target, args, extra), kwargs = wrapped, {}
             args, kwargs = _compat.tree_map(unwrap, (args, kwargs))
         # the device and dtype of the op's outputs (of its inputs, for a wrapped op)
         vals = _compat.tree_leaves(node.meta.get("val") if wrapped is None else args)
         first = next((v for v in vals if isinstance(v, torch.Tensor)), None)
         device = first.device.type if first is not None else "cpu"
         mixed = (every_op and device == "cpu" and wrapped is None
+                 and torch.Tag.pointwise in getattr(target, "tags", ())
                  and _mixed_dtypes([a.meta.get("val") for a in node.all_input_nodes], first))
         if not _probed(target, every_op, device, first.dtype if first is not None else None, mixed):
             return extra
