@@ -661,8 +661,9 @@ class MemPlanCallback(Callback):
             args, kwargs = self._example
             fc = None
             try:
-                plan, fc = forecast_plan(self._settings, plan, module, self._orig_forward, args, kwargs,
-                                         self._optimizer(), loop=self._loop())
+                with self._step_context():
+                    plan, fc = forecast_plan(self._settings, plan, module, self._orig_forward, args, kwargs,
+                                             self._optimizer(), loop=self._loop())
             except Exception as exc:  # noqa: BLE001 - no forecast: train with the plan anyway
                 warnings.warn(f"MemPlanCallback: the forecast of the chosen plan failed ({exc!r}); "
                               "training with the plan, without predictions.", MemPlanWarning, stacklevel=2)
@@ -873,8 +874,16 @@ class MemPlanCallback(Callback):
         assert module is not None and self._orig_forward is not None
         if forward_has_collectives(module):
             raise RuntimeError("calls of other input shapes are not forecast under FSDP or tensor parallelism")
-        return other_call_forecasts(self._settings, plan, module, self._orig_forward, self._optimizer(), self._loop(),
-                                    first, self._call_signatures, self._other_calls)
+        with self._step_context():
+            return other_call_forecasts(self._settings, plan, module, self._orig_forward, self._optimizer(),
+                                        self._loop(), first, self._call_signatures, self._other_calls)
+
+    def _step_context(self) -> contextlib.AbstractContextManager[Any]:
+        """The precision plugin's training-step context (autocast for ``"bf16-mixed"``): a forecast
+        made outside the training step (after the first batch, or for a re-plan) runs the forward as
+        the step does. Inside the step it is entered once more, which changes nothing."""
+        trainer = self._trainer
+        return trainer.precision_plugin.train_step_context() if trainer is not None else contextlib.nullcontext()
 
     def _forecast_step(self) -> None:
         """Lay the forecast out for the step the first batch showed (nothing is compiled) and

@@ -282,8 +282,10 @@ class Forecast:
         """This forecast for a step that makes ``nbytes`` of the model's inputs itself
         (``training_step`` converts the batch: ``x.float() / 255``): they are not live before the
         step, so they move from the baseline (``baseline_bytes``, ``breakdown.inputs``) into the
-        step, made just before the first forward and live until its backward has run. Laid out
-        again (nothing is compiled), as :meth:`repeated`; calls and eager losses laid in stay.
+        step, made just before the first forward and live until its backward has run (or until
+        ``training_step`` returns, when the compiled graph saves none of them: see ``_layout``).
+        Laid out again (nothing is compiled), as :meth:`repeated`; calls and eager losses laid in
+        stay.
 
         Raises:
             ValueError: ``nbytes`` is not an int in [0, the inputs' bytes].
@@ -776,7 +778,10 @@ def _layout(
     (``sum = old + new``, the old one freed), so the largest sum is transient on top of the
     backward's end; then the new ones are freed.
     ``inputs[j]``: bytes of fresh inputs made just before position ``j``'s forward (another view of
-    the batch for a later call), live until its backward has run (default 0).
+    the batch for a later call), live until its backward has run (default 0); when that region's
+    backward keeps none of its activation inputs (it saved a cast or a product of them, as under
+    autocast), only ``training_step`` refers to them, and they die when it returns, before the
+    backward.
 
     ``overlay``: allocations and frees of others at points of the step (FSDP's buffers,
     :func:`~lightning_memplan.fsdp_memory.fsdp_step_events`; the eager loss,
@@ -829,6 +834,10 @@ def _layout(
             dropped[j - 1] = True
             offset -= plans[j - 1].fw_retained - plans[j - 1].saved
         apply(("fw", j, "after"), "forward", p.index)
+    for j, p in enumerate(plans):
+        if fresh[j] and not p.keeps_inputs:  # freed when training_step returns
+            offset -= fresh[j]
+            fresh[j] = 0
     produced = 0  # gradients of activations the previous backward returned
     for i, p in enumerate(reversed(plans)):
         pos = len(plans) - 1 - i
