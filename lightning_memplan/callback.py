@@ -341,7 +341,7 @@ class MemPlanCallback(Callback):
         self._trainer = trainer
         self._lit = pl_module
         if self._submodule is None or _has_submodule(pl_module, self._submodule):
-            self._attach(pl_module)
+            self._attach(pl_module, resolve_submodule(pl_module, self._submodule, "MemPlanCallback"))
         # else configure_model makes it (it runs after setup): attached at on_fit_start
 
     @override
@@ -351,15 +351,15 @@ class MemPlanCallback(Callback):
         any batch."""
         if self._lit is None:
             return
-        if resolve_submodule(pl_module, self._submodule, "MemPlanCallback") is not self._attached_to:
+        resolved = resolve_submodule(pl_module, self._submodule, "MemPlanCallback")
+        if resolved is not self._attached_to:
             self._detach()
-            self._attach(pl_module)
+            self._attach(pl_module, resolved)
 
-    def _attach(self, pl_module: LightningModule) -> None:
+    def _attach(self, pl_module: LightningModule, resolved: nn.Module) -> None:
         """Route the planned module's ``forward`` through :meth:`_planned_forward` (an instance
         attribute, so every strategy's wrapper calls it), with the user's own torch.compile undone
-        for the fit (:mod:`.precompiled`)."""
-        resolved = resolve_submodule(pl_module, self._submodule, "MemPlanCallback")
+        for the fit (:mod:`.precompiled`). ``resolved``: the module at ``submodule``."""
         user = compiled_by_user(pl_module, resolved)
         if user.patches:
             self._uncompiled.enter_context(instance_attributes(user.patches))

@@ -237,10 +237,7 @@ class Forecast:
         """
         if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
             raise ValueError(f"`Forecast.repeated(calls={calls!r})` must be an int >= 1.")
-        extra = [new_input_bytes] * (calls - 1) if isinstance(new_input_bytes, int) else list(new_input_bytes)
-        if len(extra) != calls - 1 or any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in extra):
-            raise ValueError(f"`Forecast.repeated(new_input_bytes={new_input_bytes!r})` must be an int >= 0 or "
-                             f"{calls - 1} of them (one per call after the first).")
+        extra = _per_later_call(new_input_bytes, calls, "Forecast.repeated")
         if calls == 1 or not self._parts or self.peak_bytes is None or self.breakdown is None:
             return self
         return self._laid_out(calls, tuple(extra), (), self._made)
@@ -270,10 +267,7 @@ class Forecast:
                              f"for one call; got {len(others)} ({len(bad)} unusable) on one laid out for "
                              f"{self._calls}.")
         calls = 1 + len(others)
-        extra = [new_input_bytes] * (calls - 1) if isinstance(new_input_bytes, int) else list(new_input_bytes)
-        if len(extra) != calls - 1 or any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in extra):
-            raise ValueError(f"`Forecast.with_calls(new_input_bytes={new_input_bytes!r})` must be an int >= 0 or "
-                             f"{calls - 1} of them (one per call after the first).")
+        extra = _per_later_call(new_input_bytes, calls, "Forecast.with_calls")
         if not self._parts or self.peak_bytes is None or self.breakdown is None:
             return self
         return dataclasses.replace(self, _others=others)._laid_out(calls, tuple(extra), (), self._made)
@@ -742,6 +736,16 @@ def _fsdp_unit_chain_early(fsdp: _compat.Fsdp2Units, run: Sequence[_Plan], execu
                 and now.input_last_use is not None and before.fw_retained > before.saved):
             out[j] = {j - 1: before.fw_retained - before.saved}
     return out
+
+
+def _per_later_call(new_input_bytes: int | Sequence[int], calls: int, call: str) -> list[int]:
+    """``new_input_bytes`` as one number of bytes per call after the first (``calls - 1``); a
+    ValueError naming ``call`` when it is not one int >= 0 or that many of them."""
+    extra = [new_input_bytes] * (calls - 1) if isinstance(new_input_bytes, int) else list(new_input_bytes)
+    if len(extra) != calls - 1 or any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in extra):
+        raise ValueError(f"`{call}(new_input_bytes={new_input_bytes!r})` must be an int >= 0 or "
+                         f"{calls - 1} of them (one per call after the first).")
+    return extra
 
 
 def _executed(plans: list[_Plan], executions: Sequence[int]) -> list[_Plan]:
