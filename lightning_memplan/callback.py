@@ -29,7 +29,7 @@ from typing_extensions import override
 from ._compat import fsdp2_backward_hooks_inert, fsdp_kinds, isolated_compile_kwargs, recompile_limit
 from .checkpointing import CheckpointPolicy, checkpointed
 from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
-from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
+from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached, scaled_eager_loss
 from .instance_patch import instance_attributes
 from .optim_memory import OptimizerMemory, optimizer_memory
 from .plan import MemPlan
@@ -145,6 +145,15 @@ class MemPlanCallback(Callback):
         submodule: attribute path of the submodule to plan and compile (e.g. ``"model"`` when
             ``training_step`` calls ``self.model(x)``, or ``"model.backbone"``); default: the
             LightningModule itself (``training_step`` calls ``self(x)``). Checked at fit start.
+        forecast_new_shapes: when a training batch has other input shapes than the planned one
+            (inputs of varying length, a smaller last batch) and dynamo compiled a graph of its own
+            for them with the plan, forecast a step at those shapes too, after the batch: one more
+            compile on ``backend`` per shape, for the shapes of measured batches and for inputs
+            larger than any forecast so far (a smaller last batch that is not measured costs
+            none). ``shape_forecasts`` holds them, and each epoch's prediction is that of the
+            shapes its measured batches ran. The eager code after the forward (the loss) measured
+            on the first batch is scaled by the outputs' bytes (``scaled_eager_loss``). Not under
+            FSDP or tensor parallelism, nor with several forward calls per step; ``False``: none.
 
     Logged metrics, each training epoch, to every logger of the Trainer (``step`` = global step):
 
@@ -153,13 +162,16 @@ class MemPlanCallback(Callback):
       so they count as live at the start and are freed before backward; with
       ``accumulate_grad_batches`` > 1, the micro-batch that steps the optimizer; with manual
       optimization, above the bytes live without gradients; when ``training_step`` calls the planned
-      forward several times, all of the calls, from the first batch on)
+      forward several times, all of the calls, from the first batch on). When the measured
+      batches ran other input shapes than the planned one (``forecast_new_shapes``), the largest
+      forecast of the shapes they ran
     - ``memplan/measured_peak_bytes``: measured peak of the measured batches (max over them and
       over ranks), above the bytes live when each batch started (manual optimization: plus the
       gradients live then; automatic optimization, a batch that starts without the previous
       gradients because Lightning freed them before validation: less the gradients the baseline
       holds, so it is this step's peak above the same baseline as the prediction)
-    - ``memplan/prediction_error``: (predicted - measured) / measured, signed
+    - ``memplan/prediction_error``: (predicted - measured) / measured, signed; not logged for an
+      epoch when a measured batch ran input shapes with no forecast (see ``shape_forecasts``)
     - ``memplan/budget``: the activation memory budget in force
     - ``memplan/checkpointed_blocks``: number of blocks wrapped in activation checkpointing
     - ``memplan/baseline_bytes``: bytes live before a step (parameters, buffers, batch, optimizer
@@ -190,6 +202,7 @@ class MemPlanCallback(Callback):
         compile_kwargs: dict[str, Any] | None = None,
         verbose: bool = True,
         submodule: str | None = None,
+        forecast_new_shapes: bool = True,
     ) -> None:
         call = "MemPlanCallback"
         check_submodule(submodule, call)
@@ -201,6 +214,8 @@ class MemPlanCallback(Callback):
             raise ValueError(f"`{call}(measure_batches={measure_batches!r})` must be an int >= 1.")
         if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
             raise ValueError(f"`{call}(compile_kwargs={compile_kwargs!r})` must be a dict of torch.compile options.")
+        if not isinstance(forecast_new_shapes, bool):
+            raise ValueError(f"`{call}(forecast_new_shapes={forecast_new_shapes!r})` must be True or False.")
         if compile_kwargs and "backend" in compile_kwargs:
             raise ValueError(f"`{call}(compile_kwargs={compile_kwargs!r})`: set the backend with `backend=`.")
         user_plan = None
@@ -222,6 +237,7 @@ class MemPlanCallback(Callback):
         self._compile_kwargs = dict(compile_kwargs or {})
         self._verbose = bool(verbose)
         self._submodule = submodule
+        self._forecast_new_shapes = forecast_new_shapes
 
         #: The plan in force (None before the first training batch, or after a fallback).
         self.plan: MemPlan | None = None
@@ -231,6 +247,11 @@ class MemPlanCallback(Callback):
         self.fallback_reason: str | None = None
         #: Measured peak (bytes above the batch's starting bytes) of each measured batch, per epoch.
         self.measured: list[list[int]] = []
+        #: The input shapes of each measured batch, aligned with :attr:`measured`: the
+        #: ``planner.call_signature`` (shape, dtype, device type of each tensor argument) of the
+        #: batch's first training call of the planned forward; ``None`` where it was not noted
+        #: (``forecast_new_shapes=False``).
+        self.measured_shapes: list[list[tuple[Any, ...] | None]] = []
         #: Seconds the plan decision took (search included) and the final compile + forecast took.
         self.timings: dict[str, float] = {}
         self._restored_plan: MemPlan | None = None
@@ -305,6 +326,22 @@ class MemPlanCallback(Callback):
         #: where FSDP has unsharded the parameters its forecast reads.
         self._pending: MemPlan | None = None
         self._discard_window = False  # the open window saw a plan installed (its forecast ran)
+        #: Forecast peak (bytes above the baseline, as ``memplan/predicted_peak_bytes``) of a step at
+        #: each input shapes (``planner.call_signature``) the fit compiled a graph for after the
+        #: planned one, with the plan in force; ``None`` where none was made (the shapes ran
+        #: uncompiled past dynamo's ``recompile_limit``, or the forecast failed). Cleared when
+        #: another plan is installed. See ``forecast_new_shapes``.
+        self.shape_forecasts: dict[tuple[Any, ...], int | None] = {}
+        self._planned_sig: tuple[Any, ...] | None = None  # the shapes the plan in force was forecast at
+        self._batch: Any = None  # the training batch running now
+        self._batch_sig: tuple[Any, ...] | None = None  # its first training call's shapes, once noted
+        # that call's (args, kwargs, output bytes, bytes of its inputs training_step made, input
+        # bytes), at shapes with no forecast yet
+        self._batch_call: tuple[tuple[Any, ...], dict[str, Any], int, int, int] | None = None
+        self._first_out_bytes = 0  # bytes of the first batch's first call's outputs
+        self._forecast_input_bytes = 0  # the largest inputs (bytes) of a call forecast so far
+        self._compiled_sigs: set[tuple[Any, ...]] = set()  # shapes dynamo compiled a static graph for
+        self._epoch_sigs: list[tuple[Any, ...] | None] = []  # aligned with _epoch_peaks
 
     @property
     def state_key(self) -> str:
@@ -337,7 +374,7 @@ class MemPlanCallback(Callback):
 
         check_torch_version()
         self._reset_fit_state()
-        self.measured = []
+        self.measured, self.measured_shapes = [], []
         self._trainer = trainer
         self._lit = pl_module
         if self._submodule is None or _has_submodule(pl_module, self._submodule):
@@ -453,7 +490,23 @@ class MemPlanCallback(Callback):
                 watch.on_output = None
         if noting and self._measurable:
             self._note_outputs(out)
+        if self._forecast_new_shapes and self._batch_sig is None and in_training and torch.is_grad_enabled():
+            self._note_shapes(args, kwargs, out)
         return out
+
+    def _note_shapes(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        """Note the input shapes of this batch's first training call; at shapes with no forecast
+        yet, keep what :meth:`_forecast_shapes` needs after the batch (the arguments, the bytes of
+        the outputs, and of the inputs training_step made)."""
+        sig = call_signature(args, kwargs)
+        self._batch_sig = sig
+        if self._fit_batches == 1:
+            self._first_out_bytes = sum(input_storages((out,), {}).values())
+        elif sig != self._planned_sig and sig not in self.shape_forecasts and self._module is not None:
+            inputs = input_storages(args, kwargs)
+            made = made_input_bytes([inputs], storage_keys(self._batch, self._module))
+            self._batch_call = (tuple(args), dict(kwargs), sum(input_storages((out,), {}).values()), made,
+                                sum(inputs.values()))
 
     def _eager_calls(self) -> EagerCalls | None:
         """The first batch's :class:`~lightning_memplan.eager_loss.EagerCalls` (made at its first
@@ -585,11 +638,11 @@ class MemPlanCallback(Callback):
             self._warned_shapes = True
             warnings.warn(
                 f"MemPlanCallback: the inputs keep changing shape ({len(shapes)} new shapes after the planned "
-                f"{planned}). Each new shape compiles a static graph with the plan, until dynamo's "
-                f"recompile_limit ({limit}); after that new shapes run uncompiled, without the plan. For "
-                "inputs of varying length pass compile_kwargs={'dynamic': None} (one dynamic-shape graph, "
-                "planned at the sizes of the batch that makes it) or pad them to a few fixed lengths.",
-                MemPlanWarning, stacklevel=2)
+                f"{planned}). Each new shape compiles a static graph with the plan (and, with "
+                f"forecast_new_shapes, a forecast of its own), until dynamo's recompile_limit ({limit}); after "
+                "that new shapes run uncompiled, without the plan or a forecast. Pad inputs of varying length "
+                "to a few fixed lengths (buckets), or raise torch._dynamo.config.recompile_limit to their "
+                "number.", MemPlanWarning, stacklevel=2)
 
     def _activate(self) -> None:
         """Decide the plan (rank 0's, broadcast), wrap blocks, forecast and compile. Never raises."""
@@ -694,6 +747,9 @@ class MemPlanCallback(Callback):
             warnings.warn(f"MemPlanCallback: {message}", MemPlanWarning, stacklevel=2)
         self.forecast = fc
         self.plan = plan
+        self._planned_sig = call_signature(*self._example)
+        self._forecast_input_bytes = sum(input_storages(*self._example).values())
+        self.shape_forecasts, self._compiled_sigs = {}, set()  # a new compiled function: its own graphs
         self._watch, self._watch_seen = watch, 0
         self._collectives = collectives
         self._fsdp2 = bool(kinds and kinds.fsdp2)
@@ -727,6 +783,7 @@ class MemPlanCallback(Callback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._fit_batches += 1
+        self._batch, self._batch_sig, self._batch_call = batch, None, None
         if self._fit_batches == 1:
             self._first_batch = batch  # its tensors are in the baseline, not in the eager loss
             return
@@ -775,8 +832,16 @@ class MemPlanCallback(Callback):
             self._kept_forecasts = ()
             if not self._may_replan():  # no re-plan can follow: do not hold on to the first batch
                 self._example, self._other_calls = None, {}
+        seen = len(self.recompiles)
         self._check_recompiles()
+        sig, call = self._batch_sig, self._batch_call
+        self._batch = self._batch_call = None
+        if sig is not None and any(not r.dynamic for r in self.recompiles[seen:]):
+            self._compiled_sigs.add(sig)
         peak = self._close_window()
+        kept = peak is not None and not self._discard_window and not self._warmup_window
+        if call is not None and sig is not None and (kept or call[4] > self._forecast_input_bytes):
+            self._forecast_shapes(sig, call)  # after the window: its compile is not measured
         if self._discard_window:  # a plan was installed (forecast, compiled) inside this window
             self._discard_window, peak = False, None
         if peak is None:
@@ -786,7 +851,66 @@ class MemPlanCallback(Callback):
         if self._warmup_window:
             return
         self._epoch_peaks.append(peak)
+        self._epoch_sigs.append(sig)
         self._maybe_replan(peak)
+
+    def _forecast_shapes(self, sig: tuple[Any, ...],
+                         call: tuple[tuple[Any, ...], dict[str, Any], int, int, int]) -> None:
+        """Forecast a step at the input shapes ``sig`` of the batch that just ran, with the plan in
+        force, laid out as the first batch showed the step (one call of the forward; the eager
+        loss scaled by the outputs' bytes, ``scaled_eager_loss``) into :attr:`shape_forecasts`.
+        Shapes dynamo compiled no static graph for (they ran uncompiled, past its
+        ``recompile_limit``) get no forecast. Never raises."""
+        args, kwargs, out_bytes, made, in_bytes = call
+        plan, module = self.plan, self._module
+        shapes = describe_shapes([s[0] for s in sig])
+        if (sig not in self._compiled_sigs or plan is None or module is None or self.forecast is None or self._orig_forward is None
+                or self.forward_calls_per_step != 1 or self._collectives or self._pending is not None):
+            self.shape_forecasts[sig] = None
+            return
+        peak: int | None = None
+        try:
+            loop = self._loop()
+            with self._step_context():
+                shaped, fc = forecast_plan(self._settings, plan, module, self._orig_forward, args, kwargs,
+                                           self._optimizer(), loop=loop)
+            if fc.peak_bytes is None:
+                raise RuntimeError("; ".join(fc.problems) or "no forecast")
+            ratio = out_bytes / self._first_out_bytes if out_bytes and self._first_out_bytes else 1.0
+            shaped, fc = lay_out_step(shaped, fc, calls=1, eager_losses=[scaled_eager_loss(m, ratio)
+                                                                         for m in self.eager_losses],
+                                      made_input_bytes=made, loop=loop, grads=step_grad_bytes(module, loop),
+                                      optimizer=self._optimizer_memory())
+            peak = shaped.predicted_peak_bytes
+        except Exception as exc:  # noqa: BLE001 - the batches of these shapes go unpredicted
+            rank_zero_info(f"MemPlan: batch {self._fit_batches}: the forecast for inputs {shapes} failed ({exc!r}); "
+                           "epochs that measure such a batch log no prediction error.")
+        self.shape_forecasts[sig] = peak
+        if peak is None:
+            return
+        self._forecast_input_bytes = max(self._forecast_input_bytes, in_bytes)
+        if self._verbose:
+            rank_zero_info(f"MemPlan: batch {self._fit_batches}: forecast for inputs {shapes}: {format_bytes(peak)} "
+                           f"above the baseline (planned inputs: {format_bytes(plan.predicted_peak_bytes)})")
+        baseline = shaped.baseline_bytes
+        if self._max_memory is not None and baseline is not None and baseline + peak > self._max_memory:
+            warnings.warn(
+                f"MemPlanCallback: a step on inputs {shapes} (batch {self._fit_batches}) is forecast to peak at "
+                f"{format_bytes(baseline + peak)}, over max_memory {format_bytes(self._max_memory)}; the plan was "
+                "chosen at the first batch's shapes. Plan on the largest inputs (put the largest batch first), "
+                "or cap their length.", MemPlanWarning, stacklevel=3)
+
+    def _epoch_prediction(self, sigs: Sequence[tuple[Any, ...] | None]) -> tuple[int | None, bool]:
+        """The prediction for an epoch whose measured batches ran input shapes ``sigs``: the
+        largest forecast among them (the plan's for the planned shapes), and whether every one
+        had a forecast. No batch measured: the plan's."""
+        plan = self.plan
+        base = plan.predicted_peak_bytes if plan is not None else None
+        if base is None or not sigs:
+            return base, base is not None
+        preds = [base if s is None or s == self._planned_sig else self.shape_forecasts.get(s) for s in sigs]
+        known = [p for p in preds if p is not None]
+        return (max(known) if known else base), len(known) == len(preds)
 
     def _note_returned(self, outputs: Any) -> None:
         """The outputs of the forward that a later compiled region computes the loss from die in
@@ -994,17 +1118,24 @@ class MemPlanCallback(Callback):
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         peaks, self._epoch_peaks = self._epoch_peaks, []
+        sigs, self._epoch_sigs = self._epoch_sigs, []
         self.measured.append(peaks)
+        self.measured_shapes.append(sigs)
         if self._window_streak and len(peaks) >= self._measure_batches:
             self._window_streak = 0  # the rest of the epoch ran unprofiled
         measured = max_over_ranks(trainer.strategy, max(peaks) if peaks else None)
+        predicted, complete = self._epoch_prediction(sigs)
+        if self._forecast_new_shapes and getattr(trainer.strategy, "world_size", 1) > 1:
+            # each rank measured its own batches' shapes: the largest of their forecasts (every rank calls)
+            predicted = max_over_ranks(trainer.strategy, predicted)
+            complete = max_over_ranks(trainer.strategy, 0 if complete else 1) == 0
         plan = self.plan
         metrics: dict[str, float] = {}
         if plan is not None:
             metrics["memplan/budget"] = plan.budget
             metrics["memplan/checkpointed_blocks"] = float(len(plan.checkpoint))
-            if plan.predicted_peak_bytes is not None:
-                metrics["memplan/predicted_peak_bytes"] = float(plan.predicted_peak_bytes)
+            if predicted is not None:
+                metrics["memplan/predicted_peak_bytes"] = float(predicted)
             if plan.baseline_bytes is not None:
                 metrics["memplan/baseline_bytes"] = float(plan.baseline_bytes)
             for key in ("activations", "parameters", "gradients", "optimizer_state", "fsdp_buffers"):
@@ -1012,16 +1143,20 @@ class MemPlanCallback(Callback):
                     metrics[f"memplan/{key}_bytes"] = float(plan.breakdown[key])
         if measured is not None:
             metrics["memplan/measured_peak_bytes"] = float(measured)
-            if plan is not None and plan.predicted_peak_bytes is not None and measured > 0:
-                metrics["memplan/prediction_error"] = (plan.predicted_peak_bytes - measured) / measured
+            if predicted is not None and complete and measured > 0:
+                metrics["memplan/prediction_error"] = (predicted - measured) / measured
         if metrics:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
         if self._verbose:
-            self._print_epoch(trainer.current_epoch, metrics)
-        if self._log_plots and not self._timeline_plotted and measured is not None:
+            other = {sig for sig in sigs if sig is not None and sig != self._planned_sig}
+            self._print_epoch(trainer.current_epoch, metrics, len(other))
+        # the timeline is the planned shapes' forecast: drawn with the batches of those shapes
+        planned = [p for p, sig in zip(peaks, sigs) if sig is None or sig == self._planned_sig]
+        at_planned = measured if len(planned) == len(peaks) else max(planned, default=None)
+        if self._log_plots and not self._timeline_plotted and at_planned is not None:
             self._timeline_plotted = True
-            self._plot_timeline(measured)
+            self._plot_timeline(at_planned)
 
     @rank_zero_only
     def _print_plan(self) -> None:
@@ -1046,13 +1181,15 @@ class MemPlanCallback(Callback):
         rank_zero_info("MemPlan\n" + tabulate(rows, tablefmt="simple"))
 
     @rank_zero_only
-    def _print_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+    def _print_epoch(self, epoch: int, metrics: dict[str, float], other_shapes: int = 0) -> None:
         pred = metrics.get("memplan/predicted_peak_bytes")
         meas = metrics.get("memplan/measured_peak_bytes")
         err = metrics.get("memplan/prediction_error")
+        shapes = (f" (measured batches of {other_shapes} other input shape(s) than the planned one: the largest "
+                  "of their forecasts)" if other_shapes else "")
         rank_zero_info(
             f"MemPlan epoch {epoch}: predicted {format_bytes(pred)}, measured {format_bytes(meas)}, "
-            f"error {'-' if err is None else f'{100 * err:+.1f}%'}"
+            f"error {'-' if err is None else f'{100 * err:+.1f}%'}{shapes}"
         )
 
     def _plot_dir(self) -> Path:

@@ -18,6 +18,7 @@ measurement, which needs the live autograd graph.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from . import _compat
 from .measure import PeakWindow
 
 __all__ = ["CallOutputs", "EagerCalls", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss",
-           "measure_eager_losses", "parameters_reached"]
+           "measure_eager_losses", "parameters_reached", "scaled_eager_loss"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,31 @@ class EagerLoss:
     #: planned submodule): the loss's backward makes them, after its peak, and they live on to the
     #: optimizer step. Parameters the forecast's graphs read are not counted here.
     param_grad_bytes: int = 0
+
+
+def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
+    """``loss`` as it would measure on outputs ``ratio`` times as large (a batch of other input
+    shapes: longer sequences, more rows): every byte count that follows the outputs' size is
+    scaled and rounded; the gradients of parameters only the eager code reads
+    (``param_grad_bytes``) do not depend on the batch and are kept. Exact for a loss, metric or
+    head whose tensors are each as large as the outputs times a constant (cross-entropy, MSE);
+    a part of fixed size (a confusion matrix) is scaled with the rest.
+
+    Raises:
+        ValueError: ``ratio`` is not a finite number > 0.
+    """
+    if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"scaled_eager_loss: ratio={ratio!r} must be a finite number > 0")
+
+    def s(n: int) -> int:
+        return int(round(n * ratio))
+
+    return EagerLoss(
+        outputs_bytes=s(loss.outputs_bytes), outputs_kept_bytes=min(s(loss.outputs_kept_bytes), s(loss.outputs_bytes)),
+        kept_bytes=s(loss.kept_bytes), backward_peak_bytes=s(loss.backward_peak_bytes),
+        output_grad_bytes=s(loss.output_grad_bytes), forward_peak_bytes=s(loss.forward_peak_bytes),
+        inner_outputs=tuple((k, s(n)) for k, n in loss.inner_outputs), held_inner_bytes=s(loss.held_inner_bytes),
+        param_grad_bytes=loss.param_grad_bytes)
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:

@@ -296,3 +296,21 @@ class EagerMiddle(TinyNet):
         for b in self.blocks[1:]:
             x = b(x)
         return self.head(x)
+
+
+class VaryingRows(WideHead):
+    """WideHead fed batches of varying rows, as a sampler that batches by length gives: each new
+    row count is a new input shape (a static graph of its own), and the eager cross-entropy on the
+    logits grows with the rows."""
+
+    def __init__(self, rows: tuple[int, ...] = (128, 64, 192, 64)) -> None:
+        super().__init__(batches=len(rows))
+        self._rows = rows
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(0)
+        batches = []
+        for n in self._rows:
+            x = torch.randn(n, 32, generator=g)
+            batches.append((x, x[:, :1].clone()))
+        return DataLoader(batches, batch_size=None)

@@ -27,6 +27,7 @@ from .models import (
     TinyNet,
     TwoPhaseGAN,
     UnusedHead,
+    VaryingRows,
     WideHead,
     WideHeadAccuracy,
     WideHeadManual,
@@ -532,6 +533,7 @@ def test_a_smaller_last_batch_compiles_its_own_graph_and_the_plan_holds(tmp_path
     rows = [r for r in _metrics(trainer) if r.get("memplan/budget")]
     assert len(rows) == 2 and all(abs(float(r["memplan/prediction_error"])) < 0.01 for r in rows), rows
     assert [(r.input_shapes[-1], r.dynamic, r.training) for r in cb.recompiles] == [((5, 64), False, True)]
+    assert cb.shape_forecasts == {}  # a smaller batch that is not measured: no forecast, no compile for it
     # with dynamic shapes allowed, the dynamic graph replaces the planned one: the callback says so.
     # (Reset first: dynamo's in-process profile of the fit above, automatic_dynamic_local_pgo, would
     # make the planned graph dynamic from its first compile, at the planned sizes.)
@@ -541,6 +543,39 @@ def test_a_smaller_last_batch_compiles_its_own_graph_and_the_plan_holds(tmp_path
         _trainer(tmp_path, cb, epochs=2).fit(TinyNet(width=64, batch=64, batches=4, last=5))
     assert [r.dynamic for r in cb.recompiles] == [True]
     assert max(cb.measured[1]) > 1.5 * cb.plan.predicted_peak_bytes  # what the warning is about
+
+
+def test_batches_of_other_shapes_are_forecast_at_their_own_shapes(tmp_path: Path) -> None:
+    """Batches of 128, 64, 192 and 64 rows, a 4,000-class cross-entropy in training_step: each new
+    row count compiles a static graph with the plan, and the callback forecasts a step at those
+    shapes too (the eager loss scaled by the logits' bytes). Before, every batch was judged by the
+    128-row forecast: -35.5% on the 192-row batches, +120% on the 64-row ones; now +0.02% each."""
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=4)
+    trainer = _trainer(tmp_path, cb)
+    trainer.fit(VaryingRows())
+    planned = cb.plan.predicted_peak_bytes
+    assert len(cb.shape_forecasts) == 2 and all(v is not None for v in cb.shape_forecasts.values())
+    rows = {sig[0][0][0]: peak for sig, peak in cb.shape_forecasts.items()}
+    assert rows[192] > 1.3 * planned and rows[64] < 0.7 * planned, (rows, planned)
+    # every measured batch against the forecast at its own shapes
+    judged = [(peak, planned if sig == cb._planned_sig else cb.shape_forecasts[sig])
+              for peaks, sigs in zip(cb.measured, cb.measured_shapes) for peak, sig in zip(peaks, sigs)]
+    assert len(judged) == 6 and all(abs(pred - peak) / peak < 0.01 for peak, pred in judged), judged
+    logged = [r for r in _metrics(trainer) if r.get("memplan/budget")]
+    assert len(logged) == 2 and all(abs(float(r["memplan/prediction_error"])) < 0.01 for r in logged), logged
+    assert float(logged[-1]["memplan/predicted_peak_bytes"]) == rows[192]  # the largest measured shape's
+
+
+def test_forecast_new_shapes_off_judges_every_batch_by_the_planned_forecast(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=4, forecast_new_shapes=False)
+    trainer = _trainer(tmp_path, cb, epochs=1)
+    trainer.fit(VaryingRows())
+    assert cb.shape_forecasts == {} and cb.measured_shapes == [[None, None]]
+    logged = [r for r in _metrics(trainer) if r.get("memplan/budget")]
+    assert float(logged[0]["memplan/predicted_peak_bytes"]) == cb.plan.predicted_peak_bytes
+    assert float(logged[0]["memplan/prediction_error"]) < -0.2  # the 192-row batch, judged at 128 rows
+    with pytest.raises(ValueError, match=r"forecast_new_shapes='yes'\)` must be True or False"):
+        MemPlanCallback(forecast_new_shapes="yes")  # type: ignore[arg-type]
 
 
 def test_a_model_compiled_before_fit_is_planned_and_its_compile_given_back(tmp_path: Path) -> None:
