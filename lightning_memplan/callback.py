@@ -568,7 +568,7 @@ class MemPlanCallback(Callback):
         # which parameters get no gradient: with automatic optimization this backward is the step's
         # only one (under FSDP2 the graph holds the unsharded parameters, not the module's)
         if not self._fsdp2 and self._loop().automatic_optimization:
-            self._reached = frozenset(parameters_reached(loss))
+            self._reached = self._parameters_reached(loss, outputs)
             self._warn_eager_forward(module, loss, self._reached, outputs)
         batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
         # in the baseline: the whole LightningModule's parameters and buffers (a head outside the
@@ -581,6 +581,18 @@ class MemPlanCallback(Callback):
         except Exception as exc:  # noqa: BLE001 - the forecast goes on without it
             rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
                            "the compiled graphs only.")
+
+    def _parameters_reached(self, loss: torch.Tensor, outputs: EagerCalls) -> frozenset[int]:
+        """``id``s of the parameters the step's backward gives a gradient: those ``loss``'s autograd
+        graph reaches, less those a compiled graph reads under ``torch.no_grad()`` (its backward
+        returns none for them, though autograd links them to it) and no eager code reads."""
+        reached = parameters_reached(loss)
+        fc = self.forecast
+        nograd = fc.compiled_gradless_parameter_ids if fc is not None else None
+        if nograd and reached & nograd:
+            eager = parameters_reached(loss, stop_at=[e for c in outputs.calls for e in c.edges])
+            reached -= nograd - eager
+        return frozenset(reached)
 
     def _warn_eager_forward(self, module: nn.Module, loss: torch.Tensor, reached: frozenset[int],
                             outputs: EagerCalls) -> None:

@@ -234,6 +234,9 @@ class RegionCapture:
     #: the backend recorded (the module's own ``nn.Parameter`` objects; a graph that serves every
     #: block reads each block's).
     param_ids: frozenset[int] = frozenset()
+    #: ``id``s of the trainable parameters seen at each graph input position, at the compile and
+    #: at every call while the backend recorded (see :meth:`gradless_param_ids`).
+    param_at: dict[int, set[int]] = field(default_factory=dict)
     #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
     compile_seconds: float = 0.0
     #: Seconds spent recording inside that time (graph snapshots, inductor schedule estimates).
@@ -242,6 +245,17 @@ class RegionCapture:
     # partitioner observations, consumed when the decision is made
     _min_cuts: list[tuple[list[fx.Node], list[fx.Node]]] = field(default_factory=list, repr=False)
     _solver_called: bool = field(default=False, repr=False)
+
+    def gradless_param_ids(self) -> frozenset[int]:
+        """``id``s of the trainable parameters at graph inputs the backward graph returns no
+        gradient for (its output there is ``None``: the forward read them under
+        ``torch.no_grad()``, or only to compute something that does not require grad). Empty when
+        unknown (no backward graph captured, or its outputs do not line up with the inputs)."""
+        out = next((n for n in self.bw_graph.graph.nodes if n.op == "output"), None) if self.bw_graph else None
+        grads = out.args[0] if out is not None and out.args else None
+        if not isinstance(grads, (tuple, list)) or self.param_inputs is None or len(grads) != len(self.param_inputs):
+            return frozenset()
+        return frozenset(i for pos, g in enumerate(grads) if g is None for i in self.param_at.get(pos, ()))
 
 
 # --------------------------------------------------------------------------- FLOPs
@@ -580,6 +594,9 @@ class MemplanBackend:
         region.param_grad_bytes = int(sum(trainable.values()))
         region.param_grad_max = int(max(trainable.values(), default=0))
         region.param_ids = frozenset(id(e) for e in example_inputs if isinstance(e, nn.Parameter) and e.requires_grad)
+        for pos, e in enumerate(example_inputs):
+            if isinstance(e, nn.Parameter) and e.requires_grad:
+                region.param_at.setdefault(pos, set()).add(id(e))
         self.regions.append(region)
         for regions in (*self._sweep_regions.values(), *self._remat_regions.values()):
             regions.append(RegionCapture(index=region.index))
@@ -613,8 +630,10 @@ class MemplanBackend:
             executions.append(index)
             owners.append(self.call_owner() if self.call_owner is not None else None)
             region = self.regions[index]  # a graph that serves several blocks reads each block's parameters
-            region.param_ids = region.param_ids | {id(a) for a in args
-                                                   if isinstance(a, nn.Parameter) and a.requires_grad}
+            read = [(pos, id(a)) for pos, a in enumerate(args) if isinstance(a, nn.Parameter) and a.requires_grad]
+            region.param_ids = region.param_ids | {i for _, i in read}
+            for pos, i in read:
+                region.param_at.setdefault(pos, set()).add(i)
             out = fn(*args, **kwargs)
             try:
                 self._watch_outputs(position, out)

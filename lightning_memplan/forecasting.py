@@ -433,6 +433,19 @@ class Forecast:
             return None
         return frozenset().union(*(r.param_ids for r in backend.regions))
 
+    @property
+    def compiled_gradless_parameter_ids(self) -> frozenset[int] | None:
+        """``id``s of the trainable parameters the compiled graphs read but give no gradient in any
+        region (read under ``torch.no_grad()`` inside the forward: a frozen stem): autograd's
+        graph still links them to the compiled backward, so a walk of it (``parameters_reached``)
+        counts them, but their ``.grad`` stays ``None``. ``None`` when unknown (a detached forecast)."""
+        backend = self._backend
+        if backend is None:
+            return None
+        nograd = [r.gradless_param_ids() for r in backend.regions]
+        given = frozenset().union(*(r.param_ids - g for r, g in zip(backend.regions, nograd)))
+        return frozenset().union(*nograd) - given
+
     @functools.cached_property
     def torch_fx_estimate_bytes(self) -> int | None:
         """torch's FX-level estimate of the step in bytes (the regions' ``torch_fx_peak_bytes``

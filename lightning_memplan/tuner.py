@@ -394,7 +394,8 @@ def plan_memory(
                     compiled, opt_mem = fc.compiled_parameter_ids, None
                     if compiled is not None and model.automatic_optimization and not _compat.fsdp_kinds(target).fsdp2:
                         # the parameters neither the compiled forward nor the eager code reads get no gradient
-                        reached = compiled | step.reached
+                        nograd = fc.compiled_gradless_parameter_ids or frozenset()
+                        reached = (compiled - nograd) | step.reached
                         loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(target, reached))
                         gradless = {id(p) for p in gradless_parameters(target, reached)}
                         if gradless and optimizer is not None:

@@ -314,3 +314,16 @@ class VaryingRows(WideHead):
             x = torch.randn(n, 32, generator=g)
             batches.append((x, x[:, :1].clone()))
         return DataLoader(batches, batch_size=None)
+
+
+class FrozenStem(WideHead):
+    """WideHead whose forward runs its first block under ``torch.no_grad()`` (a frozen stem): the
+    compiled graph reads that block's weights, and autograd links them to the compiled backward,
+    but they get no gradient, no optimizer state, and hold none between steps."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            x = self.blocks[0](x)
+        for b in self.blocks[1:]:
+            x = b(x)
+        return self.head(x)

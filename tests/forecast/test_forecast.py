@@ -485,3 +485,23 @@ def test_with_optimizer_memory_lays_out_the_step_the_optimizer_takes() -> None:
     assert skipped >= 2 * 4 * sum(p.numel() for p in extra.parameters())  # AdamW's two moments
     assert fixed.baseline_bytes == fc.baseline_bytes - skipped
     assert fixed.breakdown.optimizer_state == fc.breakdown.optimizer_state - skipped
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_parameters_read_under_no_grad_are_named_gradless(backend: str) -> None:
+    # the compiled backward returns None for the stem's weights: no gradient, though autograd links them to it
+    class Stem(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.body = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                x = self.stem(x)
+            return self.body(x)
+
+    model = Stem()
+    fc = forecast(model, (torch.randn(8, 16),), backend=backend)
+    stem = {id(p) for p in model.stem.parameters()}
+    assert fc.compiled_gradless_parameter_ids == stem
+    assert stem < fc.compiled_parameter_ids
