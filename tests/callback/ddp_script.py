@@ -1,6 +1,8 @@
 """Run by test_ddp.py as a script: 2 CPU processes (gloo) under Lightning's DDP strategy.
 
-Each rank writes what it planned and measured to OUT_DIR/rank{r}.json.
+Each rank writes what it planned and measured to OUT_DIR/rank{r}.json. ``ddp_script.py OUT_DIR
+varying``: a fixed budget on batches of varying rows, each rank given other shapes by Lightning's
+DistributedSampler.
 """
 from __future__ import annotations
 
@@ -13,29 +15,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
-from models import TinyNet  # noqa: E402
+from models import TinyNet, VaryingRows  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, kind: str = "auto") -> None:
     torch._dynamo.config.optimize_ddp = False  # one graph per model (DDPOptimizer splits it)
-    cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
-                         remat_budgets=(0.4,))
+    if kind == "varying":
+        cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=3)
+        model = VaryingRows(rows=(128, 96, 128, 64, 192, 160, 128, 96))  # rank 0: 128, 128, 192, 128
+    else:
+        cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
+                             remat_budgets=(0.4,))
+        model = TinyNet(batches=6)
     trainer = Trainer(
         max_epochs=1, accelerator="cpu", devices=2, strategy="ddp", callbacks=[cb],
         logger=CSVLogger(out_dir), enable_checkpointing=False, enable_model_summary=False,
         enable_progress_bar=False,
     )
-    trainer.fit(TinyNet(batches=6))
+    trainer.fit(model)
     rank = trainer.global_rank
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "budget": cb.plan.budget if cb.plan else None,
         "candidates": len(cb.plan.candidates) if cb.plan else 0,
         "fallback": cb.fallback_reason, "measured": cb.measured,
         "log_dir": trainer.logger.log_dir if rank == 0 else None,
+        "planned": cb.plan.predicted_peak_bytes if cb.plan else None,
+        "rows": [[sig[0][0][0] if sig else None for sig in epoch] for epoch in cb.measured_shapes],
+        # the forecast for each measured batch's shapes (the plan's at the planned shapes)
+        "forecasts": [[cb.plan.predicted_peak_bytes if sig == cb._planned_sig else cb.shape_forecasts.get(sig)
+                       for sig in epoch] for epoch in cb.measured_shapes] if cb.plan else [],
     }))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 
-def _two_ranks(script: str, tmp_path: Path, timeout: int) -> list[dict[str, Any]]:
+def _two_ranks(script: str, tmp_path: Path, timeout: int, *args: str) -> list[dict[str, Any]]:
     """Run ``script`` (2 gloo processes under Lightning) and return what each rank wrote; both
     ranks trained planned, with one budget."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), str(tmp_path)], env=env,
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), str(tmp_path), *args], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     # a rank that dies first shows its error near the start; the other's "connection closed" ends it
     errors = [line for line in proc.stderr.splitlines() if "Error" in line or "error:" in line]
@@ -34,6 +34,24 @@ def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
     logged = [float(r["memplan/measured_peak_bytes"]) for r in rows if r.get("memplan/measured_peak_bytes")]
     # the logged value is the max over ranks
     assert logged == [max(max(r["measured"][0]) for r in ranks)]
+
+
+def test_ddp_ranks_that_run_other_input_shapes_log_the_largest_forecast(tmp_path: Path) -> None:
+    """Batches of varying rows, split over the ranks by DistributedSampler: each rank forecasts the
+    shapes it ran, and the logged prediction is the largest over the ranks, as the measurement is."""
+    ranks = _two_ranks("ddp_script.py", tmp_path, 600, "varying")
+    rows = [r["rows"][0] for r in ranks]
+    assert rows[0] != rows[1] and len(rows[0]) == len(rows[1]) == 2, rows  # batch 2 warms the profiler up
+    forecasts = [f for r in ranks for f in r["forecasts"][0]]
+    assert None not in forecasts and len(set(forecasts)) > 2  # shapes other than each rank's planned ones
+    # each measured batch against the forecast at its own shapes, on its own rank
+    pairs = [(m, f) for r in ranks for m, f in zip(r["measured"][0], r["forecasts"][0])]
+    assert all(abs(f - m) / m < 0.01 for m, f in pairs), pairs
+    logged = list(csv.DictReader(open(Path(ranks[0]["log_dir"]) / "metrics.csv")))
+    [row] = [r for r in logged if r.get("memplan/predicted_peak_bytes")]
+    assert float(row["memplan/predicted_peak_bytes"]) == max(forecasts)  # the largest over both ranks
+    assert float(row["memplan/measured_peak_bytes"]) == max(m for m, _ in pairs)
+    assert abs(float(row["memplan/prediction_error"])) < 0.01, row
 
 
 def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path: Path) -> None:
