@@ -305,7 +305,9 @@ def plan_memory(
     The plan arguments (``submodule`` too) mean what they mean for
     :class:`~lightning_memplan.MemPlanCallback`. The
     batch comes from ``train_dataloaders``, else ``datamodule.train_dataloader()`` (after
-    ``setup("fit")``), else ``model.train_dataloader()``; it is moved to
+    ``setup("fit")``), else ``model.train_dataloader()``: the first of any iterable of batches
+    (for inputs of varying length, ``train_dataloaders=[longest_batch]`` plans the largest step,
+    which the fit's ``MemPlanCallback(plan=plan)`` then forecasts alike); it is moved to
     ``trainer.strategy.root_device`` with the model. Afterwards the model is back on its device and
     in its mode, with its parameters, gradients and buffers as they were.
 

@@ -20,6 +20,7 @@ from .models import (
     TinyNet,
     TwoPhaseGAN,
     UnusedHead,
+    VaryingRows,
     WideHead,
     WideHeadAccuracy,
     WideHeadManual,
@@ -99,6 +100,20 @@ def test_plan_memory_counts_no_gradients_for_parameters_read_under_no_grad() -> 
     _trainer(callbacks=[cb]).fit(model)
     # (the probe's eager loss measures 8 B less than the fit's first batch, as for WideHead)
     assert abs(plan.predicted_peak_bytes - cb.plan.predicted_peak_bytes) <= 1e-3 * cb.plan.predicted_peak_bytes
+
+
+def test_plan_memory_on_the_largest_batch_predicts_the_fits_forecast_at_those_shapes() -> None:
+    # inputs of varying length: plan on the largest batch (train_dataloaders takes any iterable of
+    # batches); the fit then forecasts its 192-row batches as the tuner did, the eager loss
+    # measured at 128 rows and scaled (callback) or measured at 192 rows (tuner)
+    model = VaryingRows()
+    largest = max(model.train_dataloader(), key=lambda b: b[0].shape[0])
+    plan = plan_memory(_trainer(), model, budget=0.5, backend="aot_eager", train_dataloaders=[largest])
+    cb = MemPlanCallback(plan=plan, backend="aot_eager", measure_batches=4, verbose=False, log_plots=False)
+    _trainer(callbacks=[cb]).fit(model)
+    [at_192] = [peak for sig, peak in cb.shape_forecasts.items() if sig[0][0][0] == 192]
+    assert cb.plan.predicted_peak_bytes < 0.7 * plan.predicted_peak_bytes  # the fit's first batch: 128 rows
+    assert abs(at_192 - plan.predicted_peak_bytes) <= 1e-3 * plan.predicted_peak_bytes, (at_192, plan)
 
 
 def test_plan_memory_runs_a_manual_optimization_step_as_fit_does() -> None:
