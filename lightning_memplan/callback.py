@@ -150,10 +150,13 @@ class MemPlanCallback(Callback):
             for them with the plan, forecast a step at those shapes too, after the batch: one more
             compile on ``backend`` per shape, for the shapes of measured batches and for inputs
             larger than any forecast so far (a smaller last batch that is not measured costs
-            none). ``shape_forecasts`` holds them, and each epoch's prediction is that of the
-            shapes its measured batches ran. The eager code after the forward (the loss) measured
-            on the first batch is scaled by the outputs' bytes (``scaled_eager_loss``). Not under
-            FSDP or tensor parallelism, nor with several forward calls per step; ``False``: none.
+            none). The eager code after the forward (the loss, metrics) is measured at those
+            shapes, as on the first batch, by the first batch of new shapes that would have been
+            measured (that batch goes unmeasured: no profiler is started inside a step), else it
+            is the first batch's scaled by the outputs' bytes (``scaled_eager_loss``).
+            ``shape_forecasts`` holds the forecasts, and each epoch's prediction is that of the
+            shapes its measured batches ran. Not under FSDP or tensor parallelism, nor with
+            several forward calls per step; ``False``: none.
 
     Logged metrics, each training epoch, to every logger of the Trainer (``step`` = global step):
 
@@ -339,6 +342,14 @@ class MemPlanCallback(Callback):
         # bytes), at shapes with no forecast yet
         self._batch_call: tuple[tuple[Any, ...], dict[str, Any], int, int, int] | None = None
         self._first_out_bytes = 0  # bytes of the first batch's first call's outputs
+        #: The shapes whose eager code (the loss on the outputs) this batch measures, as the first
+        #: batch's is (see _wants_eager_at); and what was measured at each shapes.
+        self._shape_noting: tuple[Any, ...] | None = None
+        self._shape_eager: dict[tuple[Any, ...], tuple[EagerLoss, ...]] = {}
+        # whether this batch may measure it: "profiled" (a batch of new shapes that would have been
+        # measured: left unmeasured for it), "larger" (only if its inputs outgrow every forecast), ""
+        self._may_note = ""
+        self._batch_sigs: set[tuple[Any, ...]] = set()  # the shapes of the batches seen
         self._forecast_input_bytes = 0  # the largest inputs (bytes) of a call forecast so far
         self._compiled_sigs: set[tuple[Any, ...]] = set()  # shapes dynamo compiled a static graph for
         self._epoch_sigs: list[tuple[Any, ...] | None] = []  # aligned with _epoch_peaks
@@ -463,7 +474,13 @@ class MemPlanCallback(Callback):
         fn = self._active_forward
         if fn is None:
             return self._orig_forward(*args, **kwargs)
-        noting = self._fit_batches == 1 and in_training and torch.is_grad_enabled()
+        training_call = in_training and torch.is_grad_enabled()
+        sig = None  # the input shapes of this batch's first training call, when they are tracked
+        if self._forecast_new_shapes and self._batch_sig is None and training_call:
+            sig = self._batch_sig = call_signature(args, kwargs)
+            if self._fit_batches > 1 and self._wants_eager_at(sig, args, kwargs):
+                self._shape_noting = sig
+        noting = training_call and (self._fit_batches == 1 or self._shape_noting is not None)
         if noting:
             self._close_eager_window()  # the eager code after the previous call ends here
         # not under FSDP1: its pre-backward hooks sit on the outputs, and a partial backward through
@@ -490,16 +507,27 @@ class MemPlanCallback(Callback):
                 watch.on_output = None
         if noting and self._measurable:
             self._note_outputs(out)
-        if self._forecast_new_shapes and self._batch_sig is None and in_training and torch.is_grad_enabled():
-            self._note_shapes(args, kwargs, out)
+        if sig is not None:
+            self._note_shapes(sig, args, kwargs, out)
         return out
 
-    def _note_shapes(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
-        """Note the input shapes of this batch's first training call; at shapes with no forecast
-        yet, keep what :meth:`_forecast_shapes` needs after the batch (the arguments, the bytes of
-        the outputs, and of the inputs training_step made)."""
-        sig = call_signature(args, kwargs)
-        self._batch_sig = sig
+    def _wants_eager_at(self, sig: tuple[Any, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+        """Whether this batch, whose first call has input shapes ``sig``, measures the eager code
+        after the forward at those shapes (as the first batch measured it at its own), for their
+        forecast: new shapes, the first batch measured some, a step of one call the callback can
+        measure, and a batch that is profiled anyway or has larger inputs than any forecast so far
+        (a smaller last batch past the measured ones costs nothing)."""
+        return (bool(self._may_note) and self._window is None
+                and sig != self._planned_sig and sig not in self.shape_forecasts and sig not in self._shape_eager
+                and bool(self.eager_losses) and self.forward_calls_per_step == 1 and self._measurable
+                and not self._collectives and self._pending is None
+                and (self._may_note == "profiled"
+                     or sum(input_storages(args, kwargs).values()) > self._forecast_input_bytes))
+
+    def _note_shapes(self, sig: tuple[Any, ...], args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        """After this batch's first training call, of input shapes ``sig``: at shapes with no
+        forecast yet, keep what :meth:`_forecast_shapes` needs after the batch (the arguments, the
+        bytes of the outputs, and of the inputs training_step made)."""
         if self._fit_batches == 1:
             self._first_out_bytes = sum(input_storages((out,), {}).values())
         elif sig != self._planned_sig and sig not in self.shape_forecasts and self._module is not None:
@@ -557,7 +585,9 @@ class MemPlanCallback(Callback):
         if self._fit_batches == 1:
             self._first_batch_backwards += 1
         outputs, self._outputs = self._outputs, None
-        if (outputs is None or self._fit_batches != 1 or self.plan is None or self.fallback_reason is not None
+        shape = self._shape_noting  # a batch of new input shapes (see _wants_eager_at), else the first
+        if (outputs is None or (self._fit_batches != 1 and shape is None) or self.plan is None
+                or self.fallback_reason is not None
                 or len(outputs.calls) != self.forward_calls_per_step or not any(o.edges for o in outputs.calls)
                 or not isinstance(loss, torch.Tensor) or loss.grad_fn is None):
             return
@@ -567,20 +597,27 @@ class MemPlanCallback(Callback):
 
         # which parameters get no gradient: with automatic optimization this backward is the step's
         # only one (under FSDP2 the graph holds the unsharded parameters, not the module's)
-        if not self._fsdp2 and self._loop().automatic_optimization:
+        if shape is None and not self._fsdp2 and self._loop().automatic_optimization:
             self._reached = self._parameters_reached(loss, outputs)
             self._warn_eager_forward(module, loss, self._reached, outputs)
-        batch = [t for t in tree_leaves(self._first_batch) if isinstance(t, torch.Tensor)]
+        batch = [t for t in tree_leaves(self._first_batch if shape is None else self._batch)
+                 if isinstance(t, torch.Tensor)]
         # in the baseline: the whole LightningModule's parameters and buffers (a head outside the
         # planned submodule saves its weight for backward), and the batch
         baseline = [*pl_module.parameters(), *pl_module.buffers(), *module.parameters(), *batch]
         try:
             with fsdp2_backward_hooks_inert(module) if self._fsdp2 else contextlib.nullcontext():
-                self.eager_losses = measure_eager_losses(loss, outputs.now(), exclude=baseline,
-                                                         forecast_params=module.parameters(), device=self._device())
+                losses = measure_eager_losses(loss, outputs.now(), exclude=baseline,
+                                              forecast_params=module.parameters(), device=self._device())
         except Exception as exc:  # noqa: BLE001 - the forecast goes on without it
-            rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); the forecast covers "
-                           "the compiled graphs only.")
+            then = ("the forecast covers the compiled graphs only" if shape is None
+                    else "the first batch's is scaled to these shapes")
+            rank_zero_info(f"MemPlan: the loss on the outputs was not measured ({exc!r}); {then}.")
+            return
+        if shape is None:
+            self.eager_losses = losses
+        else:
+            self._shape_eager[shape] = losses
 
     def _parameters_reached(self, loss: torch.Tensor, outputs: EagerCalls) -> frozenset[int]:
         """``id``s of the parameters the step's backward gives a gradient: those ``loss``'s autograd
@@ -795,11 +832,21 @@ class MemPlanCallback(Callback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._fit_batches += 1
-        self._batch, self._batch_sig, self._batch_call = batch, None, None
+        self._batch, self._batch_sig, self._batch_call, self._may_note = batch, None, None, ""
+        profiled = len(self._epoch_peaks) < self._measure_batches
+        if self._forecast_new_shapes:
+            # a batch of shapes not seen before may measure the eager code after the forward at them
+            # (_wants_eager_at): then it opens no window (the profiler is not started inside a step)
+            shapes = call_signature((batch,), {})
+            if self._fit_batches > 1 and shapes not in self._batch_sigs and self.eager_losses:
+                self._may_note = "profiled" if profiled else "larger"
+            self._batch_sigs.add(shapes)
+            if self._may_note == "profiled":
+                return
         if self._fit_batches == 1:
             self._first_batch = batch  # its tensors are in the baseline, not in the eager loss
             return
-        if len(self._epoch_peaks) >= self._measure_batches:
+        if not profiled:
             return
         from .measure import PeakWindow
 
@@ -846,13 +893,18 @@ class MemPlanCallback(Callback):
                 self._example, self._other_calls = None, {}
         seen = len(self.recompiles)
         self._check_recompiles()
-        sig, call = self._batch_sig, self._batch_call
+        sig, call, noted = self._batch_sig, self._batch_call, self._shape_noting
+        if noted is not None:  # its eager code was measured (the first batch's is handled above)
+            self._close_eager_window()
+            self._outputs = self._shape_noting = None
+            if noted in self._shape_eager:
+                self._shape_eager[noted] = self._held_returned(self._shape_eager[noted], outputs)
         self._batch = self._batch_call = None
         if sig is not None and any(not r.dynamic for r in self.recompiles[seen:]):
             self._compiled_sigs.add(sig)
         peak = self._close_window()
         kept = peak is not None and not self._discard_window and not self._warmup_window
-        if call is not None and sig is not None and (kept or call[4] > self._forecast_input_bytes):
+        if call is not None and sig is not None and (noted == sig or kept or call[4] > self._forecast_input_bytes):
             self._forecast_shapes(sig, call)  # after the window: its compile is not measured
         if self._discard_window:  # a plan was installed (forecast, compiled) inside this window
             self._discard_window, peak = False, None
@@ -888,11 +940,12 @@ class MemPlanCallback(Callback):
                                            self._optimizer(), loop=loop)
             if fc.peak_bytes is None:
                 raise RuntimeError("; ".join(fc.problems) or "no forecast")
-            ratio = out_bytes / self._first_out_bytes if out_bytes and self._first_out_bytes else 1.0
-            shaped, fc = lay_out_step(shaped, fc, calls=1, eager_losses=[scaled_eager_loss(m, ratio)
-                                                                         for m in self.eager_losses],
-                                      made_input_bytes=made, loop=loop, grads=step_grad_bytes(module, loop),
-                                      optimizer=self._optimizer_memory())
+            losses = self._shape_eager.get(sig)
+            if losses is None:  # not measured at these shapes: the first batch's, scaled by the outputs' bytes
+                ratio = out_bytes / self._first_out_bytes if out_bytes and self._first_out_bytes else 1.0
+                losses = tuple(scaled_eager_loss(m, ratio) for m in self.eager_losses)
+            shaped, fc = lay_out_step(shaped, fc, calls=1, eager_losses=losses, made_input_bytes=made, loop=loop,
+                                      grads=step_grad_bytes(module, loop), optimizer=self._optimizer_memory())
             peak = shaped.predicted_peak_bytes
         except Exception as exc:  # noqa: BLE001 - the batches of these shapes go unpredicted
             rank_zero_info(f"MemPlan: batch {self._fit_batches}: the forecast for inputs {shapes} failed ({exc!r}); "
@@ -929,12 +982,17 @@ class MemPlanCallback(Callback):
         that region's backward, unless ``training_step`` returned them: Lightning keeps what it
         returned (detached, the same storage) through the backward. Note those bytes on the eager
         losses (``EagerLoss.held_inner_bytes``)."""
-        if not any(m.inner_outputs for m in self.eager_losses):
-            return
+        self.eager_losses = self._held_returned(self.eager_losses, outputs)
+
+    @staticmethod
+    def _held_returned(losses: tuple[EagerLoss, ...], outputs: Any) -> tuple[EagerLoss, ...]:
+        """``losses`` with the bytes of their inner outputs that ``outputs`` (what training_step
+        returned) holds (``EagerLoss.held_inner_bytes``)."""
+        if not any(m.inner_outputs for m in losses):
+            return losses
         returned = storage_keys(outputs)
-        self.eager_losses = tuple(
-            dataclasses.replace(m, held_inner_bytes=sum(b for k, b in m.inner_outputs if k in returned))
-            for m in self.eager_losses)
+        return tuple(dataclasses.replace(m, held_inner_bytes=sum(b for k, b in m.inner_outputs if k in returned))
+                     for m in losses)
 
     def _may_replan(self) -> bool:
         """Whether the closed loop may still re-plan (it needs the first batch's inputs)."""

@@ -127,7 +127,7 @@ def candidates_table(plan: Any) -> str:
         solver = "remat" if c.solver == "remat" else "knapsack"
         rows.append([solver, f"{c.budget:g}", len(c.checkpoint), format_bytes(c.peak_bytes), flops, note, mark])
     return tabulate(rows, headers=["plan", "budget", "ckpt blocks", "forecast peak", "GFLOPs fwd+bwd",
-                                   "partitioner", ""], tablefmt="github")
+                                   "partitioner", "choice"], tablefmt="github")
 
 
 def epochs_table(rows: Sequence[EpochRow]) -> str:

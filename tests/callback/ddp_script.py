@@ -24,7 +24,8 @@ def main(out_dir: str, kind: str = "auto") -> None:
     torch._dynamo.config.optimize_ddp = False  # one graph per model (DDPOptimizer splits it)
     if kind == "varying":
         cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=3)
-        model = VaryingRows(rows=(128, 96, 128, 64, 192, 160, 128, 96))  # rank 0: 128, 128, 192, 128
+        # DistributedSampler (seed 0) deals rank 0 batches of 64 and 96 rows, rank 1 of 128 and 192
+        model = VaryingRows(rows=(192, 192, 64, 128, 64, 192, 192, 96, 128, 96, 128, 64, 64, 96, 128, 96))
     else:
         cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
                              remat_budgets=(0.4,))

@@ -29,6 +29,7 @@ from .models import (
     TwoPhaseGAN,
     UnusedHead,
     VaryingRows,
+    VaryingRowsAccuracy,
     WideHead,
     WideHeadAccuracy,
     WideHeadManual,
@@ -563,24 +564,27 @@ def test_a_smaller_last_batch_compiles_its_own_graph_and_the_plan_holds(tmp_path
     assert max(cb.measured[1]) > 1.5 * cb.plan.predicted_peak_bytes  # what the warning is about
 
 
-def test_batches_of_other_shapes_are_forecast_at_their_own_shapes(tmp_path: Path) -> None:
-    """Batches of 128, 64, 192 and 64 rows, a 4,000-class cross-entropy in training_step: each new
-    row count compiles a static graph with the plan, and the callback forecasts a step at those
-    shapes too (the eager loss scaled by the logits' bytes). Before, every batch was judged by the
-    128-row forecast: -35.5% on the 192-row batches, +120% on the 64-row ones; now +0.02% each."""
+@pytest.mark.parametrize("model_class", [VaryingRows, VaryingRowsAccuracy])
+def test_batches_of_other_shapes_are_forecast_at_their_own_shapes(tmp_path: Path, model_class: type) -> None:
+    """Batches of 128, 64, 192 and 64 rows, a cross-entropy in training_step: each new row count
+    compiles a static graph with the plan, and the callback forecasts a step at those shapes too,
+    with the eager code after the forward measured at them (the first batch of each new shapes goes
+    unmeasured for it). Before, every batch was judged by the 128-row forecast: -35.5% on the
+    192-row batches, +120% on the 64-row ones; the first batch's loss scaled by the logits' bytes
+    was exact for VaryingRows but -48%/+45% with VaryingRowsAccuracy's fixed 8 MB bincount."""
     cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=4)
-    trainer = _trainer(tmp_path, cb)
-    trainer.fit(VaryingRows())
+    trainer = _trainer(tmp_path, cb, epochs=3)
+    trainer.fit(model_class())
     planned = cb.plan.predicted_peak_bytes
     assert len(cb.shape_forecasts) == 2 and all(v is not None for v in cb.shape_forecasts.values())
     rows = {sig[0][0][0]: peak for sig, peak in cb.shape_forecasts.items()}
-    assert rows[192] > 1.3 * planned and rows[64] < 0.7 * planned, (rows, planned)
+    assert rows[192] > planned > rows[64], (rows, planned)
     # every measured batch against the forecast at its own shapes
     judged = [(peak, planned if sig == cb._planned_sig else cb.shape_forecasts[sig])
               for peaks, sigs in zip(cb.measured, cb.measured_shapes) for peak, sig in zip(peaks, sigs)]
-    assert len(judged) == 6 and all(abs(pred - peak) / peak < 0.01 for peak, pred in judged), judged
-    logged = [r for r in _metrics(trainer) if r.get("memplan/budget")]
-    assert len(logged) == 2 and all(abs(float(r["memplan/prediction_error"])) < 0.01 for r in logged), logged
+    assert len(judged) >= 6 and all(abs(pred - peak) / peak < 0.01 for peak, pred in judged), judged
+    logged = [r for r in _metrics(trainer) if r.get("memplan/prediction_error")]
+    assert len(logged) >= 2 and all(abs(float(r["memplan/prediction_error"])) < 0.01 for r in logged), logged
     assert float(logged[-1]["memplan/predicted_peak_bytes"]) == rows[192]  # the largest measured shape's
 
 

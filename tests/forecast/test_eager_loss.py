@@ -17,6 +17,7 @@ from lightning_memplan.eager_loss import (
     measure_eager_loss,
     measure_eager_losses,
     parameters_reached,
+    scaled_eager_loss,
 )
 
 
@@ -198,3 +199,27 @@ def test_the_parameters_a_loss_reaches_through_compiled_and_eager_code() -> None
     assert parameters_reached(out.detach().sum()) == set()
     # stopped at the compiled call's outputs: only what the code after the call reads
     assert parameters_reached(loss, stop_at=[get_gradient_edge(out)]) == {id(p) for p in head.parameters()}
+
+
+def test_a_cross_entropy_measured_at_two_batch_sizes_scales_with_its_outputs() -> None:
+    # the fallback for a batch of other shapes whose eager code was not measured: the first batch's
+    # measurement scaled by the outputs' bytes equals a measurement at the larger batch
+    def measure(rows: int) -> EagerLoss:
+        torch.manual_seed(0)
+        model = nn.Linear(16, 500)
+        x = torch.randn(rows, 16)
+        logits = torch.compile(model, backend="aot_eager", dynamic=False)(x)
+        edges = [get_gradient_edge(logits)]
+        loss = F.cross_entropy(logits, torch.arange(rows) % 500)
+        nbytes = logits.untyped_storage().nbytes()
+        del logits
+        return measure_eager_loss(loss, edges, outputs_bytes=nbytes, live_outputs={},
+                                  exclude=[*model.parameters(), x])
+
+    small, large = measure(32), measure(96)
+    scaled = scaled_eager_loss(small, 3.0)
+    for name in ("outputs_bytes", "kept_bytes", "backward_peak_bytes", "output_grad_bytes"):
+        assert abs(getattr(scaled, name) - getattr(large, name)) <= 64, (name, scaled, large)
+    assert scaled.param_grad_bytes == small.param_grad_bytes
+    with pytest.raises(ValueError, match=r"ratio=0 must be a finite number > 0"):
+        scaled_eager_loss(small, 0)
