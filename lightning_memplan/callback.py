@@ -515,8 +515,9 @@ class MemPlanCallback(Callback):
         """Whether this batch, whose first call has input shapes ``sig``, measures the eager code
         after the forward at those shapes (as the first batch measured it at its own), for their
         forecast: new shapes, the first batch measured some, a step of one call the callback can
-        measure, and a batch that is profiled anyway or has larger inputs than any forecast so far
-        (a smaller last batch past the measured ones costs nothing)."""
+        measure, and a batch of new shapes that would have been profiled (it opened no window, see
+        :meth:`on_train_batch_start`) or whose inputs are larger than any forecast so far (a
+        smaller last batch past the measured ones costs nothing)."""
         return (bool(self._may_note) and self._window is None
                 and sig != self._planned_sig and sig not in self.shape_forecasts and sig not in self._shape_eager
                 and bool(self.eager_losses) and self.forward_calls_per_step == 1 and self._measurable
@@ -922,14 +923,16 @@ class MemPlanCallback(Callback):
                          call: tuple[tuple[Any, ...], dict[str, Any], int, int, int]) -> None:
         """Forecast a step at the input shapes ``sig`` of the batch that just ran, with the plan in
         force, laid out as the first batch showed the step (one call of the forward; the eager
-        loss scaled by the outputs' bytes, ``scaled_eager_loss``) into :attr:`shape_forecasts`.
-        Shapes dynamo compiled no static graph for (they ran uncompiled, past its
-        ``recompile_limit``) get no forecast. Never raises."""
+        code after it as measured at these shapes, else the first batch's scaled by the outputs'
+        bytes, ``scaled_eager_loss``) into :attr:`shape_forecasts`. Shapes dynamo compiled no
+        static graph for (they ran uncompiled, past its ``recompile_limit``) get no forecast.
+        Never raises."""
         args, kwargs, out_bytes, made, in_bytes = call
         plan, module = self.plan, self._module
         shapes = describe_shapes([s[0] for s in sig])
-        if (sig not in self._compiled_sigs or plan is None or module is None or self.forecast is None or self._orig_forward is None
-                or self.forward_calls_per_step != 1 or self._collectives or self._pending is not None):
+        if (sig not in self._compiled_sigs or plan is None or module is None or self.forecast is None
+                or self._orig_forward is None or self.forward_calls_per_step != 1 or self._collectives
+                or self._pending is not None):
             self.shape_forecasts[sig] = None
             return
         peak: int | None = None
