@@ -110,7 +110,9 @@ class MemPlanCallback(Callback):
             between steps), optimizer state and batch, plus the step's peak.
             With ``budget="auto"`` it selects the plan; with any budget, if the measured peak of the
             first steps exceeds it, the callback re-plans once with a smaller forecast (recompiling)
-            when ``replan`` is on.
+            when ``replan`` is on. With ``"auto"`` in one process, a batch of new input shapes whose
+            forecast exceeds it (``forecast_new_shapes``) is that one re-plan: the search runs again
+            at those shapes, before any such batch is measured over the target.
         solver: ``"dp"`` (default), ``"hirschberg"``, ``"greedy"``, ``"ilp"``, or a callable with
             torch's solver signature ``(memory, runtimes, max_memory) -> (value, saved, recomputed)``:
             the knapsack over torch's recompute candidates; or ``"remat"``: whole-graph
@@ -350,6 +352,7 @@ class MemPlanCallback(Callback):
         # measured: left unmeasured for it), "larger" (only if its inputs outgrow every forecast), ""
         self._may_note = ""
         self._batch_sigs: set[tuple[Any, ...]] = set()  # the shapes of the batches seen
+        self._eager_from = "the first batch"  # the batch eager_losses were measured on (for messages)
         self._forecast_input_bytes = 0  # the largest inputs (bytes) of a call forecast so far
         self._compiled_sigs: set[tuple[Any, ...]] = set()  # shapes dynamo compiled a static graph for
         self._epoch_sigs: list[tuple[Any, ...] | None] = []  # aligned with _epoch_peaks
@@ -499,7 +502,11 @@ class MemPlanCallback(Callback):
                 self._first_call = False
                 if self._watch is not None and self._watch.compiles:
                     self._watch_seen = len(self._watch.compiles)  # the planned graph(s)
-                    self._planned_shapes = self._watch.compiles[0].input_shapes
+                    first = self._watch.compiles[0]
+                    if sig is None or sig == self._planned_sig:
+                        self._planned_shapes = first.input_shapes
+                    elif not first.dynamic:  # a plan installed after the first batch, first run at other shapes
+                        self._compiled_sigs.add(sig)
             else:
                 out = fn(*args, **kwargs)
         finally:
@@ -961,12 +968,71 @@ class MemPlanCallback(Callback):
             rank_zero_info(f"MemPlan: batch {self._fit_batches}: forecast for inputs {shapes}: {format_bytes(peak)} "
                            f"above the baseline (planned inputs: {format_bytes(plan.predicted_peak_bytes)})")
         baseline = shaped.baseline_bytes
-        if self._max_memory is not None and baseline is not None and baseline + peak > self._max_memory:
-            warnings.warn(
-                f"MemPlanCallback: a step on inputs {shapes} (batch {self._fit_batches}) is forecast to peak at "
-                f"{format_bytes(baseline + peak)}, over max_memory {format_bytes(self._max_memory)}; the plan was "
-                "chosen at the first batch's shapes. Plan on the largest inputs (put the largest batch first), "
-                "or cap their length.", MemPlanWarning, stacklevel=3)
+        if self._max_memory is None or baseline is None or baseline + peak <= self._max_memory:
+            return
+        over = (f"a step on inputs {shapes} (batch {self._fit_batches}) is forecast to peak at "
+                f"{format_bytes(baseline + peak)}, over max_memory {format_bytes(self._max_memory)}")
+        if self._may_replan_at_shapes():
+            planned = describe_shapes(self._planned_shapes or ())
+            warnings.warn(f"MemPlanCallback: {over}; the plan was chosen at {planned}. Searching the plans again "
+                          f"at {shapes} and recompiling, once.", MemPlanWarning, stacklevel=3)
+            self._replan_at(sig, call)
+            return
+        warnings.warn(
+            f"MemPlanCallback: {over}; the plan was chosen at the first batch's shapes. Plan on the largest inputs "
+            "(put the largest batch first, or plan_memory(..., train_dataloaders=[longest_batch])), or cap their "
+            "length.", MemPlanWarning, stacklevel=3)
+
+    def _may_replan_at_shapes(self) -> bool:
+        """Whether a batch of shapes forecast over ``max_memory`` may make the callback search the
+        plans again at those shapes (:meth:`_replan_at`): ``budget="auto"``, the closed loop on and
+        unused, and one process (under DDP the ranks run other shapes, and the search's decision
+        is a collective every rank must join)."""
+        trainer = self._trainer
+        return (self._may_replan() and isinstance(self._budget, str) and self._user_plan is None
+                and self._restored_plan is None and not self._collectives
+                and getattr(trainer.strategy if trainer is not None else None, "world_size", 1) <= 1)
+
+    def _replan_at(self, sig: tuple[Any, ...], call: tuple[tuple[Any, ...], dict[str, Any], int, int, int]) -> None:
+        """Search the plans again at the input shapes ``sig`` (the arguments in ``call``), judged
+        with the eager code measured at them, choose the cheapest within ``max_memory`` (or the
+        smallest, with a warning) and install it: these shapes become the planned ones (their
+        eager code and made inputs the step's), and the others are forecast again as they come.
+        Once per fit (it uses the closed loop's one re-plan). On failure the plan in force stays."""
+        args, kwargs, out_bytes, made, _ = call
+        module, old = self._module, self.plan
+        assert module is not None and self._orig_forward is not None and old is not None
+        self._replanned = True
+        losses = self._shape_eager.get(sig)
+        if losses is None:
+            ratio = out_bytes / self._first_out_bytes if out_bytes and self._first_out_bytes else 1.0
+            losses = tuple(scaled_eager_loss(m, ratio) for m in self.eager_losses)
+        self._stack.close()  # the blocks unwrapped for the search; _install wraps the chosen plan's
+        plan = old
+        try:
+            loop = self._loop()
+            kept: list[Any] = []
+            with self._step_context():
+                searched = decide_plan(self._settings, module, self._orig_forward, args, kwargs, self._optimizer(),
+                                       call="MemPlanCallback", loop=loop, kept=kept)
+            plan = searched
+            if kept and (losses or made):
+                plan = rejudge_plan(self._settings, searched, kept, step_grad_bytes(module, loop), calls=1,
+                                    eager_loss=losses or None, made_input_bytes=made, loop=loop,
+                                    optimizer=self._optimizer_memory())
+            plan = dataclasses.replace(plan, reason=f"{plan.reason}; re-planned at inputs "
+                                                    f"{describe_shapes([x[0] for x in sig])} over max_memory")
+        except Exception as exc:  # noqa: BLE001 - the plan in force stays
+            kept_label = old.candidates[old.chosen].label if old.candidates and old.chosen is not None else "the plan"
+            warnings.warn(f"MemPlanCallback: searching the plans at the new shapes failed ({exc!r}); keeping "
+                          f"{kept_label}.", MemPlanWarning, stacklevel=4)
+        if plan is not old:  # the new planned shapes: their eager code and made inputs are the step's
+            if self._planned_sig is not None:
+                self._shape_eager[self._planned_sig] = self.eager_losses
+            self.eager_losses, self._made_inputs, self._first_out_bytes = tuple(losses), made, out_bytes
+            self._eager_from = f"the first batch of inputs {describe_shapes([x[0] for x in sig])}"
+        self._example = (args, kwargs)
+        self._install(plan)
 
     def _epoch_prediction(self, sigs: Sequence[tuple[Any, ...] | None]) -> tuple[int | None, bool]:
         """The prediction for an epoch whose measured batches ran input shapes ``sigs``: the
@@ -1126,14 +1192,17 @@ class MemPlanCallback(Callback):
         if losses and (calls > 1 or self._verbose):
             kept = sum(m.kept_bytes for m in losses)
             eager = max(max(m.forward_peak_bytes, m.kept_bytes) for m in losses)
-            parts.append(f"the eager code after the forward (the loss on the outputs, measured on the first batch): "
+            where = self._eager_from
+            parts.append(f"the eager code after the forward (the loss on the outputs, measured on {where}): "
                          f"{format_bytes(sum(m.outputs_bytes for m in losses))} of outputs, up to "
                          f"{format_bytes(eager)} made, {format_bytes(kept)} kept for backward, a backward of "
                          f"{format_bytes(max(m.backward_peak_bytes for m in losses))}")
         note = f"MemPlanCallback: {'; '.join(parts)}. Forecast now {format_bytes(peak)} above the baseline."
         if self._max_memory is not None and peak is not None and baseline + peak > self._max_memory:
-            warnings.warn(f"{note} That exceeds max_memory {format_bytes(self._max_memory)}; the closed loop "
-                          "re-plans if the measured peak exceeds it.", MemPlanWarning, stacklevel=3)
+            then = ("the closed loop re-plans if the measured peak exceeds it" if self._may_replan() else
+                    "the closed loop has re-planned once already: reduce the batch or raise max_memory")
+            warnings.warn(f"{note} That exceeds max_memory {format_bytes(self._max_memory)}; {then}.",
+                          MemPlanWarning, stacklevel=3)
         elif parts:
             rank_zero_info(note)
 

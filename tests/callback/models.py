@@ -340,3 +340,14 @@ class FrozenStem(WideHead):
         for b in self.blocks[1:]:
             x = b(x)
         return self.head(x)
+
+
+class VaryingWide(TinyNet):
+    """TinyNet (width 128, 4 blocks, MSE loss) whose first batch has 256 rows and later ones 1,024:
+    the activations grow fourfold, and a plan chosen at 256 rows does not fit a byte target at 1,024."""
+
+    def __init__(self) -> None:
+        super().__init__(width=128, depth=4)
+
+    def train_dataloader(self) -> DataLoader:
+        return varying_rows_loader((256, 1024, 256, 1024, 256, 1024), width=128)

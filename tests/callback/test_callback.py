@@ -30,6 +30,7 @@ from .models import (
     UnusedHead,
     VaryingRows,
     VaryingRowsAccuracy,
+    VaryingWide,
     WideHead,
     WideHeadAccuracy,
     WideHeadManual,
@@ -586,6 +587,29 @@ def test_batches_of_other_shapes_are_forecast_at_their_own_shapes(tmp_path: Path
     logged = [r for r in _metrics(trainer) if r.get("memplan/prediction_error")]
     assert len(logged) >= 2 and all(abs(float(r["memplan/prediction_error"])) < 0.01 for r in logged), logged
     assert float(logged[-1]["memplan/predicted_peak_bytes"]) == rows[192]  # the largest measured shape's
+
+
+def test_a_longer_batch_forecast_over_max_memory_makes_the_search_run_at_its_shapes(tmp_path: Path) -> None:
+    """budget="auto" with a byte target: at the first batch's 256 rows every plan fits and the cheapest
+    (budget 1.0) is chosen; the 1,024-row batch that follows is forecast 4.6 MiB over the target. The
+    callback searches the plans again at 1,024 rows and recompiles the cheapest that fits there
+    (budget 0.3), so the long batches run within the target: 11.16 MB. Before, the closed loop
+    measured the first long batch over the target and, no 256-row candidate being forecast to fit
+    at that measurement, halved the budget to 0.5: the long batches still peaked at 12.87 MB."""
+    limit = 12_000_000
+    cb = MemPlanCallback("auto", max_memory=limit, backend="aot_eager", measure_batches=6)
+    trainer = _trainer(tmp_path, cb)
+    with pytest.warns(MemPlanWarning, match=r"over max_memory 11.44 MiB; the plan was chosen at \[256, 128\]\. "
+                                            r"Searching the plans again at \[1024, 128\]"):
+        trainer.fit(VaryingWide())
+    assert "re-planned at inputs [1024, 128] over max_memory" in cb.plan.reason
+    assert cb._planned_sig[0][0] == (1024, 128)
+    assert cb.plan.baseline_bytes + cb.plan.predicted_peak_bytes <= limit
+    long = [peak for peaks, sigs in zip(cb.measured, cb.measured_shapes) for peak, sig in zip(peaks, sigs)
+            if sig[0][0][0] == 1024]
+    assert len(long) >= 4 and all(cb.plan.baseline_bytes + peak <= limit for peak in long), long
+    logged = [r for r in _metrics(trainer) if r.get("memplan/prediction_error")]
+    assert len(logged) == 2 and all(abs(float(r["memplan/prediction_error"])) < 0.01 for r in logged), logged
 
 
 def test_forecast_new_shapes_off_judges_every_batch_by_the_planned_forecast(tmp_path: Path) -> None:
