@@ -805,6 +805,7 @@ class MemPlanCallback(Callback):
         self.forecast = fc
         self.plan = plan
         self._planned_sig = call_signature(*self._example)
+        self._planned_shapes = tuple(x[0] for x in self._planned_sig)  # (the compiled graph's, at its first run)
         self._forecast_input_bytes = sum(input_storages(*self._example).values())
         self.shape_forecasts, self._compiled_sigs = {}, set()  # a new compiled function: its own graphs
         self._watch, self._watch_seen = watch, 0
