@@ -111,8 +111,8 @@ class MemPlanCallback(Callback):
             With ``budget="auto"`` it selects the plan; with any budget, if the measured peak of the
             first steps exceeds it, the callback re-plans once with a smaller forecast (recompiling)
             when ``replan`` is on. With ``"auto"`` in one process, a batch of new input shapes whose
-            forecast exceeds it (``forecast_new_shapes``) is that one re-plan: the search runs again
-            at those shapes, before any such batch is measured over the target.
+            forecast exceeds it (``forecast_new_shapes``) is that one re-plan: after the first such
+            batch, the search runs again at those shapes.
         solver: ``"dp"`` (default), ``"hirschberg"``, ``"greedy"``, ``"ilp"``, or a callable with
             torch's solver signature ``(memory, runtimes, max_memory) -> (value, saved, recomputed)``:
             the knapsack over torch's recompute candidates; or ``"remat"``: whole-graph
