@@ -82,6 +82,21 @@ def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
     return types.MethodType(_fresh_function(type(module).forward), module)
 
 
+@dataclasses.dataclass(frozen=True)
+class _ShapeCall:
+    """A batch's first call of the planned forward at input shapes with no forecast yet: what
+    :meth:`MemPlanCallback._forecast_shapes` forecasts a step from (sizes in bytes)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    #: Bytes of the call's outputs (unique storages), to scale the first batch's eager code.
+    out_bytes: int
+    #: Bytes of its inputs that training_step made (not in the batch).
+    made_bytes: int
+    #: Bytes of its tensor inputs (unique storages).
+    in_bytes: int
+
+
 def _has_submodule(module: nn.Module, path: str) -> bool:
     try:
         module.get_submodule(path)
@@ -340,9 +355,7 @@ class MemPlanCallback(Callback):
         self._planned_sig: tuple[Any, ...] | None = None  # the shapes the plan in force was forecast at
         self._batch: Any = None  # the training batch running now
         self._batch_sig: tuple[Any, ...] | None = None  # its first training call's shapes, once noted
-        # that call's (args, kwargs, output bytes, bytes of its inputs training_step made, input
-        # bytes), at shapes with no forecast yet
-        self._batch_call: tuple[tuple[Any, ...], dict[str, Any], int, int, int] | None = None
+        self._batch_call: _ShapeCall | None = None  # that call, at shapes with no forecast yet
         self._first_out_bytes = 0  # bytes of the first batch's first call's outputs
         #: The shapes whose eager code (the loss on the outputs) this batch measures, as the first
         #: batch's is (see _wants_eager_at); and what was measured at each shapes.
@@ -541,8 +554,9 @@ class MemPlanCallback(Callback):
         elif sig != self._planned_sig and sig not in self.shape_forecasts and self._module is not None:
             inputs = input_storages(args, kwargs)
             made = made_input_bytes([inputs], storage_keys(self._batch, self._module))
-            self._batch_call = (tuple(args), dict(kwargs), sum(input_storages((out,), {}).values()), made,
-                                sum(inputs.values()))
+            self._batch_call = _ShapeCall(args=tuple(args), kwargs=dict(kwargs),
+                                          out_bytes=sum(input_storages((out,), {}).values()), made_bytes=made,
+                                          in_bytes=sum(inputs.values()))
 
     def _eager_calls(self) -> EagerCalls | None:
         """The first batch's :class:`~lightning_memplan.eager_loss.EagerCalls` (made at its first
@@ -913,7 +927,8 @@ class MemPlanCallback(Callback):
             self._compiled_sigs.add(sig)
         peak = self._close_window()
         kept = peak is not None and not self._discard_window and not self._warmup_window
-        if call is not None and sig is not None and (noted == sig or kept or call[4] > self._forecast_input_bytes):
+        larger = call is not None and call.in_bytes > self._forecast_input_bytes
+        if call is not None and sig is not None and (noted == sig or kept or larger):
             self._forecast_shapes(sig, call)  # after the window: its compile is not measured
         if self._discard_window:  # a plan was installed (forecast, compiled) inside this window
             self._discard_window, peak = False, None
@@ -927,15 +942,14 @@ class MemPlanCallback(Callback):
         self._epoch_sigs.append(sig)
         self._maybe_replan(peak)
 
-    def _forecast_shapes(self, sig: tuple[Any, ...],
-                         call: tuple[tuple[Any, ...], dict[str, Any], int, int, int]) -> None:
+    def _forecast_shapes(self, sig: tuple[Any, ...], call: _ShapeCall) -> None:
         """Forecast a step at the input shapes ``sig`` of the batch that just ran, with the plan in
         force, laid out as the first batch showed the step (one call of the forward; the eager
         code after it as measured at these shapes, else the first batch's scaled by the outputs'
         bytes, ``scaled_eager_loss``) into :attr:`shape_forecasts`. Shapes dynamo compiled no
         static graph for (they ran uncompiled, past its ``recompile_limit``) get no forecast.
         Never raises."""
-        args, kwargs, out_bytes, made, in_bytes = call
+        args, kwargs, out_bytes, made, in_bytes = call.args, call.kwargs, call.out_bytes, call.made_bytes, call.in_bytes
         plan, module = self.plan, self._module
         shapes = describe_shapes([s[0] for s in sig])
         if (sig not in self._compiled_sigs or plan is None or module is None or self.forecast is None
@@ -994,13 +1008,13 @@ class MemPlanCallback(Callback):
                 and self._restored_plan is None and not self._collectives
                 and getattr(trainer.strategy if trainer is not None else None, "world_size", 1) <= 1)
 
-    def _replan_at(self, sig: tuple[Any, ...], call: tuple[tuple[Any, ...], dict[str, Any], int, int, int]) -> None:
+    def _replan_at(self, sig: tuple[Any, ...], call: _ShapeCall) -> None:
         """Search the plans again at the input shapes ``sig`` (the arguments in ``call``), judged
         with the eager code measured at them, choose the cheapest within ``max_memory`` (or the
         smallest, with a warning) and install it: these shapes become the planned ones (their
         eager code and made inputs the step's), and the others are forecast again as they come.
         Once per fit (it uses the closed loop's one re-plan). On failure the plan in force stays."""
-        args, kwargs, out_bytes, made, _ = call
+        args, kwargs, out_bytes, made = call.args, call.kwargs, call.out_bytes, call.made_bytes
         module, old = self._module, self.plan
         assert module is not None and self._orig_forward is not None and old is not None
         self._replanned = True
