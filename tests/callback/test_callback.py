@@ -591,7 +591,7 @@ def test_batches_of_other_shapes_are_forecast_at_their_own_shapes(tmp_path: Path
 
 def test_a_longer_batch_forecast_over_max_memory_makes_the_search_run_at_its_shapes(tmp_path: Path) -> None:
     """budget="auto" with a byte target: at the first batch's 256 rows every plan fits and the cheapest
-    (budget 1.0) is chosen; the 1,024-row batch that follows is forecast 4.6 MiB over the target. The
+    (budget 1.0) is chosen; the 1,024-row batch that follows is forecast 5.2 MiB over the target. The
     callback searches the plans again at 1,024 rows and recompiles the cheapest that fits there
     (budget 0.3), so the long batches run within the target: 11.16 MB. Before, the closed loop
     measured the first long batch over the target and, no 256-row candidate being forecast to fit
