@@ -894,7 +894,7 @@ class MemPlanCallback(Callback):
                 MemPlanWarning, stacklevel=2)
         if self._fit_batches == 1:
             self._close_eager_window()  # no backward ran in this batch
-            self._note_returned(outputs)
+            self.eager_losses = self._held_returned(self.eager_losses, outputs)
             if self._module is not None:
                 self._before_step = storage_keys(self._first_batch, self._module)
                 self._made_inputs = made_input_bytes(self._call_inputs, self._before_step)
@@ -965,12 +965,9 @@ class MemPlanCallback(Callback):
                                            self._optimizer(), loop=loop)
             if fc.peak_bytes is None:
                 raise RuntimeError("; ".join(fc.problems) or "no forecast")
-            losses = self._shape_eager.get(sig)
-            if losses is None:  # not measured at these shapes: the first batch's, scaled by the outputs' bytes
-                ratio = out_bytes / self._first_out_bytes if out_bytes and self._first_out_bytes else 1.0
-                losses = tuple(scaled_eager_loss(m, ratio) for m in self.eager_losses)
-            shaped, fc = lay_out_step(shaped, fc, calls=1, eager_losses=losses, made_input_bytes=made, loop=loop,
-                                      grads=step_grad_bytes(module, loop), optimizer=self._optimizer_memory())
+            shaped, fc = lay_out_step(shaped, fc, calls=1, eager_losses=self._eager_at(sig, out_bytes),
+                                      made_input_bytes=made, loop=loop, grads=step_grad_bytes(module, loop),
+                                      optimizer=self._optimizer_memory())
             peak = shaped.predicted_peak_bytes
         except Exception as exc:  # noqa: BLE001 - the batches of these shapes go unpredicted
             rank_zero_info(f"MemPlan: batch {self._fit_batches}: the forecast for inputs {shapes} failed ({exc!r}); "
@@ -1018,10 +1015,7 @@ class MemPlanCallback(Callback):
         module, old = self._module, self.plan
         assert module is not None and self._orig_forward is not None and old is not None
         self._replanned = True
-        losses = self._shape_eager.get(sig)
-        if losses is None:
-            ratio = out_bytes / self._first_out_bytes if out_bytes and self._first_out_bytes else 1.0
-            losses = tuple(scaled_eager_loss(m, ratio) for m in self.eager_losses)
+        losses = self._eager_at(sig, out_bytes)
         self._stack.close()  # the blocks unwrapped for the search; _install wraps the chosen plan's
         plan = old
         try:
@@ -1049,6 +1043,15 @@ class MemPlanCallback(Callback):
         self._example = (args, kwargs)
         self._install(plan)
 
+    def _eager_at(self, sig: tuple[Any, ...], out_bytes: int) -> tuple[EagerLoss, ...]:
+        """The eager code after the forward at input shapes ``sig``: as measured at them, else the
+        planned shapes' scaled by the outputs' bytes (``out_bytes`` at ``sig``; ``scaled_eager_loss``)."""
+        losses = self._shape_eager.get(sig)
+        if losses is not None:
+            return losses
+        ratio = out_bytes / self._first_out_bytes if out_bytes and self._first_out_bytes else 1.0
+        return tuple(scaled_eager_loss(m, ratio) for m in self.eager_losses)
+
     def _epoch_prediction(self, sigs: Sequence[tuple[Any, ...] | None]) -> tuple[int | None, bool]:
         """The prediction for an epoch whose measured batches ran input shapes ``sigs``: the
         largest forecast among them (the plan's for the planned shapes), and whether every one
@@ -1061,17 +1064,12 @@ class MemPlanCallback(Callback):
         known = [p for p in preds if p is not None]
         return (max(known) if known else base), len(known) == len(preds)
 
-    def _note_returned(self, outputs: Any) -> None:
-        """The outputs of the forward that a later compiled region computes the loss from die in
-        that region's backward, unless ``training_step`` returned them: Lightning keeps what it
-        returned (detached, the same storage) through the backward. Note those bytes on the eager
-        losses (``EagerLoss.held_inner_bytes``)."""
-        self.eager_losses = self._held_returned(self.eager_losses, outputs)
-
     @staticmethod
     def _held_returned(losses: tuple[EagerLoss, ...], outputs: Any) -> tuple[EagerLoss, ...]:
-        """``losses`` with the bytes of their inner outputs that ``outputs`` (what training_step
-        returned) holds (``EagerLoss.held_inner_bytes``)."""
+        """``losses`` with the bytes of their inner outputs that ``outputs`` holds. The outputs of
+        the forward that a later compiled region computes the loss from die in that region's
+        backward, unless ``training_step`` returned them (``outputs``): Lightning keeps what it
+        returned (detached, the same storage) through the backward (``EagerLoss.held_inner_bytes``)."""
         if not any(m.inner_outputs for m in losses):
             return losses
         returned = storage_keys(outputs)
