@@ -16,7 +16,7 @@ logits in ``training_step``, outside the compiled forward. Four kinds of step:
 For each kind, vocabulary size and backend one ``Trainer.fit`` of 2 epochs (CPU, budget 0.5)
 reports the prediction error of the last epoch. The named peer is the same fit with the eager-code
 measurement switched off: the forecast of the compiled graphs alone, as it was before the eager
-code was measured (``lightning_memplan.eager_loss``).
+code was measured (``lightning_memplan.forecasting.eager_loss``).
 
     python benchmarks/eager_loss.py                       # aot_eager, vocabularies 500, 8000, every kind
     python benchmarks/eager_loss.py --vocabs 8000 32000 --steps loss --backends aot_eager inductor
@@ -43,7 +43,7 @@ from lightning.pytorch import LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-import lightning_memplan.callback as callback_mod  # noqa: E402
+import lightning_memplan.callback.memplan_callback as callback_mod  # noqa: E402
 from lightning_memplan import MemPlanCallback  # noqa: E402
 
 MiB = 2**20

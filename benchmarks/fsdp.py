@@ -11,7 +11,7 @@ of 5 measurements and their range.
 
 FSDP's hooks break the graph at every unit, and dynamo skips a frame with a graph break inside a loop
 (``Net.forward``'s loop over the blocks): the forecast compiles each unit's forward on its own
-(``lightning_memplan.unit_compile``; dynamo alone would not compile torch's own
+(``lightning_memplan.forecasting.unit_compile``; dynamo alone would not compile torch's own
 ``nn.TransformerEncoderLayer`` there) and the head runs uncompiled. The forecast then counts the
 root's gradients but not the head's activations (small here: the "big head" rows have a 256 x 256
 head, whose parameters stay unsharded all step).
@@ -77,7 +77,7 @@ class Net(nn.Module):
 
 def _without_fsdp(fc: object) -> int:
     """The forecast's peak laid out without FSDP's buffers (the peer)."""
-    from lightning_memplan.forecasting import _executed, _layout
+    from lightning_memplan.forecasting.step_forecast import _executed, _layout
 
     plans, executions, opt, _, _ = fc._parts  # type: ignore[attr-defined]
     return _layout(_executed(list(plans), executions), opt)[1]

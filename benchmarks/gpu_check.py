@@ -107,9 +107,9 @@ def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
     from forecast import GPT
     from plans import _compile, _time_round_robin
 
-    from lightning_memplan.checkpointing import repeated_blocks
-    from lightning_memplan.planner import PlanSettings, decide_plan
-    from lightning_memplan.search import DEFAULT_REMAT_BUDGETS
+    from lightning_memplan.planner.checkpointing import repeated_blocks
+    from lightning_memplan.planner.step import PlanSettings, decide_plan
+    from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
 
     s, dev, backend = cfg["gpt"], cfg["device"], cfg["backend"]
     torch.manual_seed(0)

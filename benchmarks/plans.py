@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast import GPT  # noqa: E402  (the forecast benchmark's model)
 
 from lightning_memplan import forecast, measure_peak  # noqa: E402
-from lightning_memplan.checkpointing import checkpoint_candidates, checkpointed, repeated_blocks  # noqa: E402
-from lightning_memplan.planner import PlanSettings, decide_plan  # noqa: E402
-from lightning_memplan.search import DEFAULT_REMAT_BUDGETS  # noqa: E402
+from lightning_memplan.planner.checkpointing import checkpoint_candidates, checkpointed, repeated_blocks  # noqa: E402
+from lightning_memplan.planner.step import PlanSettings, decide_plan  # noqa: E402
+from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS  # noqa: E402
 from lightning_memplan.units import format_bytes  # noqa: E402
 
 

@@ -19,19 +19,11 @@ from typing import Any
 
 import torch
 
-from lightning_memplan import _compat
 from lightning_memplan._native_io import silence_native_output
+from lightning_memplan._torch import compat as _compat
+from lightning_memplan.core.peaks import running_peak
 
-__all__ = ["PeakWindow", "measure_peak", "running_peak"]
-
-
-def running_peak(deltas: list[int]) -> int:
-    """Peak of the running sum of signed byte deltas, starting at 0 (never below 0)."""
-    cur = peak = 0
-    for d in deltas:
-        cur += d
-        peak = max(peak, cur)
-    return peak
+__all__ = ["PeakWindow", "measure_peak"]
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:

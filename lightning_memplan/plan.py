@@ -54,7 +54,7 @@ class MemPlan:
     solver: str
     """Knapsack solver name (``"dp"``, ``"hirschberg"``, ``"greedy"``, ``"ilp"``), ``"remat"``
     (whole-graph rematerialization: ``budget`` caps the saved bytes, see
-    :mod:`lightning_memplan.remat`) or ``"custom:<name>"``."""
+    :mod:`lightning_memplan.core.remat`) or ``"custom:<name>"``."""
     checkpoint: tuple[str, ...] = ()
     """Qualified names of submodules wrapped in activation checkpointing."""
     backend: str = "inductor"

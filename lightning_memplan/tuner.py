@@ -23,13 +23,20 @@ from lightning.pytorch.utilities import move_data_to_device, rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
-from . import _compat
-from .checkpointing import CheckpointPolicy, checkpointed
-from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
-from .instance_patch import instance_attributes
-from .optim_memory import optimizer_memory
-from .plan import MemPlan
-from .planner import (
+from lightning_memplan._torch import compat as _compat
+from lightning_memplan.core.instance_patch import instance_attributes
+from lightning_memplan.forecasting.eager_loss import (
+    EagerCalls,
+    EagerLoss,
+    measure_eager_losses,
+    parameters_reached,
+)
+from lightning_memplan.forecasting.optim_memory import optimizer_memory
+from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.checkpointing import CheckpointPolicy, checkpointed
+from lightning_memplan.planner.precompiled import compiled_by_user
+from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
+from lightning_memplan.planner.step import (
     PlanSettings,
     PlanWarning,
     TrainingLoop,
@@ -52,8 +59,6 @@ from .planner import (
     storage_keys,
     uncompiled_warnings,
 )
-from .precompiled import compiled_by_user
-from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 
 __all__ = ["plan_memory"]
 
@@ -192,7 +197,7 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
     """Run ``training_step`` once as ``fit`` would, but with the planned forward run without
     autograd and its floating-point outputs made leaves that require grad: the loss and whatever
     else runs on the outputs build their autograd graph as in training, and are measured as the
-    callback measures them on its first batch (:func:`~lightning_memplan.eager_loss.measure_eager_losses`),
+    callback measures them on its first batch (:func:`~lightning_memplan.forecasting.eager_loss.measure_eager_losses`),
     without the forward's activations. ``self.log`` does nothing meanwhile; metric modules are
     put back as they were; under manual optimization the loss is the first ``manual_backward``'s,
     and the optimizers step nothing (:func:`_stand_ins`). ``None`` when the step does not run like

@@ -24,16 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def quick_args() -> argparse.Namespace:
-    """The benchmark's quick mode (used by ``memplan demo`` until the demo lands)."""
-    return argparse.Namespace(
-        sizes=[50, 200, 1000], seeds=1, budget=0.5, repeats=3, torch_timeout=20.0, frontier_n=300
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     """Print the three tables; returns 0."""
-    from .solvers import (
+    from lightning_memplan.bench.solvers import (
         FLOOR_HEADERS,
         FRONTIER_HEADERS,
         SOLVER_HEADERS,
@@ -62,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     print(tabulate([floor_row(n_floor, 0, args.budget)], headers=FLOOR_HEADERS,
                    tablefmt="github"))
     print()
-    from .knee import KNEE_HEADERS, knee_rows
+    from lightning_memplan.bench.knee import KNEE_HEADERS, knee_rows
 
     print(tabulate(knee_rows([args.frontier_n]), headers=KNEE_HEADERS, tablefmt="github"))
     print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s)")

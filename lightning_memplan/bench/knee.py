@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 
-from ..simulate import knee_point
-from ..solvers import dp_knapsack
-from ..solvers._problem import quantize_sizes
-from .solvers import make_instance
+from lightning_memplan.bench.solvers import make_instance
+from lightning_memplan.core.simulate import knee_point
+from lightning_memplan.solvers import dp_knapsack
+from lightning_memplan.solvers._problem import quantize_sizes
 
 KNEE_HEADERS = [
     "n", "torch knee budget", "torch ms (100 solves)", "ours knee budget", "ours ms", "speedup",
@@ -25,9 +25,10 @@ KNEE_HEADERS = [
 
 def knee_rows(sizes: list[int], seed: int = 0) -> list[list[str]]:
     """One row per size: both knees, their times and their distances on the exact frontier."""
-    from torch._functorch._activation_checkpointing.graph_info_provider import GraphInfoProvider
-    from torch._functorch._activation_checkpointing.knapsack import dp_knapsack as torch_dp
-    from torch._functorch._activation_checkpointing.knapsack_evaluator import KnapsackEvaluator
+    from lightning_memplan._torch.compat import torch_knapsack_solvers, torch_knee_tools
+
+    GraphInfoProvider, KnapsackEvaluator = torch_knee_tools()  # noqa: N806 - torch's class names
+    torch_dp = torch_knapsack_solvers()["dp"]
 
     rows = []
     for n in sizes:

@@ -24,12 +24,17 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from ..solvers import dp_knapsack, get_solver, hirschberg_knapsack, ilp_solve, pareto_frontier
-from ..solvers._problem import fits, quantize_budget, quantize_sizes
+from lightning_memplan.solvers import (
+    dp_knapsack,
+    get_solver,
+    hirschberg_knapsack,
+    ilp_solve,
+    pareto_frontier,
+)
+from lightning_memplan.solvers._problem import fits, quantize_budget, quantize_sizes
 
 SOLVERS = ("greedy", "dp", "hirschberg", "ilp")
 _Solver = Callable[[list[float], list[float], float], tuple[float, list[int], list[int]]]
@@ -45,14 +50,9 @@ def make_instance(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _torch_solvers() -> dict[str, _Solver]:
-    from torch._functorch._activation_checkpointing import knapsack as tk
+    from lightning_memplan._torch.compat import torch_knapsack_solvers
 
-    return {
-        "greedy": tk.greedy_knapsack,
-        "dp": tk.dp_knapsack,
-        "hirschberg": tk.dp_knapsack_sliding_hirschberg,
-        "ilp": tk.ilp_knapsack,
-    }
+    return torch_knapsack_solvers()
 
 
 def _peak_rss_bytes() -> int | None:
@@ -236,7 +236,9 @@ SOLVER_HEADERS = [
 
 def frontier_rows(n: int, seed: int, budgets: int = 100) -> list[list[str]]:
     """One ``pareto_frontier`` pass vs ``budgets`` separate torch ``dp_knapsack`` solves."""
-    from torch._functorch._activation_checkpointing.knapsack import dp_knapsack as torch_dp
+    from lightning_memplan._torch.compat import torch_knapsack_solvers
+
+    torch_dp = torch_knapsack_solvers()["dp"]
 
     memory, runtimes = make_instance(n, seed)
     mem_l, rt_l = memory.tolist(), runtimes.tolist()
@@ -290,6 +292,3 @@ def floor_row(n: int, seed: int, budget: float) -> list[str]:
 FLOOR_HEADERS = ["what", "n x W float64", "bandwidth", "floor ms", "ours ms", "ours / floor"]
 
 
-def write_report(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)

@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo with the parsed flags; returns 0 (raises SystemExit on a bad option)."""
-    from ..search import DEFAULT_REMAT_BUDGETS
-    from .run import DEMO_BUDGETS, DemoOptions, run_demo
+    from lightning_memplan.demo.run import DEMO_BUDGETS, DemoOptions, run_demo
+    from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
 
     try:
         options = DemoOptions(

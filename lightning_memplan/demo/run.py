@@ -18,10 +18,10 @@ from typing import Any, Literal
 import torch
 from tabulate import tabulate
 
-from ..search import DEFAULT_REMAT_BUDGETS
-from ..units import format_bytes
-from .data import make_dataloader
-from .model import GPT, MODEL_SIZES, Block
+from lightning_memplan.demo.data import make_dataloader
+from lightning_memplan.demo.model import GPT, MODEL_SIZES, Block
+from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
+from lightning_memplan.units import format_bytes
 
 __all__ = ["DemoOptions", "DemoResult", "EpochRow", "default_backend", "run_demo"]
 
@@ -142,7 +142,7 @@ def run_demo(options: DemoOptions = DemoOptions(), *, echo: bool = True) -> Demo
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.loggers import CSVLogger
 
-    from ..callback import MemPlanCallback
+    from lightning_memplan.callback.memplan_callback import MemPlanCallback
 
     t0 = time.perf_counter()
     say = print if echo else (lambda *a, **k: None)

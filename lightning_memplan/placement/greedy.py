@@ -22,7 +22,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lightning_memplan.placement.model import Buffer, MemorySpace, Plan, as_buffers, as_spaces, check_fits
+from lightning_memplan.placement.model import (
+    Buffer,
+    MemorySpace,
+    Plan,
+    as_buffers,
+    as_spaces,
+    check_fits,
+)
 
 __all__ = ["greedy_by_position", "greedy_by_size"]
 

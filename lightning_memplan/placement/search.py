@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from lightning_memplan.placement._decide import Decider, Timeout, warm_up
 from lightning_memplan.placement.bounds import peak_live
 from lightning_memplan.placement.greedy import greedy_by_position, greedy_by_size
-from lightning_memplan.placement.model import Buffer, MemorySpace, Plan, as_buffers, as_spaces, check_fits
+from lightning_memplan.placement.model import (
+    Buffer,
+    MemorySpace,
+    Plan,
+    as_buffers,
+    as_spaces,
+    check_fits,
+)
 
 __all__ = ["exact_search"]
 

@@ -16,11 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from ._problem import DEFAULT_SCALE
-from .dp import dp_knapsack, hirschberg_knapsack
-from .frontier import ParetoFrontier, pareto_frontier
-from .greedy import greedy_knapsack
-from .ilp import IlpResult, SolverTimeLimitWarning, ilp_knapsack, ilp_solve
+from lightning_memplan.solvers._problem import DEFAULT_SCALE
+from lightning_memplan.solvers.dp import dp_knapsack, hirschberg_knapsack
+from lightning_memplan.solvers.frontier import ParetoFrontier, pareto_frontier
+from lightning_memplan.solvers.greedy import greedy_knapsack
+from lightning_memplan.solvers.ilp import (
+    IlpResult,
+    SolverTimeLimitWarning,
+    ilp_knapsack,
+    ilp_solve,
+)
 
 SolverName = Literal["greedy", "dp", "hirschberg", "ilp"]
 Solver = Callable[[list[float], list[float], float], tuple[float, list[int], list[int]]]

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import _kernels
-from ._problem import (
+from lightning_memplan.solvers import _kernels
+from lightning_memplan.solvers._problem import (
     DEFAULT_SCALE,
     Problem,
     fill_by_density,

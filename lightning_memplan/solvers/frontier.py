@@ -11,8 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _kernels
-from ._problem import DEFAULT_SCALE, quantize_sizes, validate, validate_scale
+from lightning_memplan.solvers import _kernels
+from lightning_memplan.solvers._problem import (
+    DEFAULT_SCALE,
+    quantize_sizes,
+    validate,
+    validate_scale,
+)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._problem import fill_by_density, split_result, validate
+from lightning_memplan.solvers._problem import fill_by_density, split_result, validate
 
 
 def greedy_knapsack(

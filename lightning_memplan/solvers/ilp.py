@@ -25,8 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._native_io import silence_native_output
-from ._problem import Problem, fill_by_density, fits, split_result, validate
+from lightning_memplan._native_io import silence_native_output
+from lightning_memplan.solvers._problem import (
+    Problem,
+    fill_by_density,
+    fits,
+    split_result,
+    validate,
+)
 
 DEFAULT_TIME_LIMIT = 60.0
 """Seconds HiGHS may search before the best plan found so far is returned."""
@@ -121,7 +127,7 @@ def ilp_solve(
         max_memory: budget in the units of ``memory`` (finite, >= 0).
         time_limit: seconds for HiGHS (> 0); on expiry the best feasible plan is returned.
     """
-    from .greedy import greedy_knapsack
+    from lightning_memplan.solvers.greedy import greedy_knapsack
 
     problem = validate(memory, runtimes, max_memory)
     limit = _validate_time_limit(time_limit)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_memplan.arena import arena_estimate, graph_buffers
-from lightning_memplan.compile import memplan_backend
-from lightning_memplan.estimator import profile_graph
+from lightning_memplan.forecasting.arena import arena_estimate, graph_buffers
+from lightning_memplan.forecasting.backend import memplan_backend
+from lightning_memplan.forecasting.estimator import profile_graph
 from lightning_memplan.placement import greedy_by_size, peak_live, validate
 
 

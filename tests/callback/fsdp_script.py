@@ -22,8 +22,8 @@ from torch import nn  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
-from lightning_memplan._compat import fsdp2_units  # noqa: E402
-from lightning_memplan.callback import MemPlanWarning  # noqa: E402
+from lightning_memplan._torch.compat import fsdp2_units  # noqa: E402
+from lightning_memplan.callback.memplan_callback import MemPlanWarning  # noqa: E402
 
 
 class ShardedNet(WideHead):

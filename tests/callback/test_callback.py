@@ -13,9 +13,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_memplan import MemPlanCallback
-from lightning_memplan.callback import MemPlanWarning
+from lightning_memplan.callback.memplan_callback import MemPlanWarning
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.search import DEFAULT_REMAT_BUDGETS
+from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
 
 from .models import (
     BytesIn,
@@ -128,7 +128,7 @@ def test_logger_false_still_plans(tmp_path: Path) -> None:
 
 
 def test_compile_failure_falls_back_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightning_memplan.compile as comp
+    import lightning_memplan.forecasting.backend as comp
 
     def broken_backend(**kw: Any) -> Any:
         def backend(gm: Any, example_inputs: Any) -> Any:
@@ -796,7 +796,7 @@ def test_the_loss_computed_on_the_outputs_is_measured_and_forecast(tmp_path: Pat
     cross_entropy eagerly on 2 MB of logits. Unmeasured, the forecast misses that (more than 20%
     low here; -56.6% on benchmarks/eager_loss.py's vocabulary of 8,000). Now it is measured on the
     first batch and laid in."""
-    import lightning_memplan.callback as callback_mod
+    import lightning_memplan.callback.memplan_callback as callback_mod
 
     def unmeasured(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("not measured")
@@ -889,7 +889,7 @@ def test_eager_code_between_the_forward_and_the_backward_is_measured(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A metric's transient bytes after the forward are in the forecast. Unmeasured, the forecast
     was 84% low on the dogfood language model (torchmetrics accuracy over 8,000 classes)."""
-    from lightning_memplan.callback import MemPlanCallback as Cb
+    from lightning_memplan.callback.memplan_callback import MemPlanCallback as Cb
 
     with monkeypatch.context() as m:
         m.setattr(Cb, "_close_eager_window", lambda self: setattr(self, "_eager_window", None))
@@ -930,7 +930,7 @@ def test_inputs_training_step_makes_are_counted_in_the_step(tmp_path: Path,
     """``self(x.float() / 255)``: the forward's input is not in the batch, so it is not live before
     the step; it is forecast inside the step. Counted as baseline it was 3.6% low on a dogfood CNN
     (3.5 MB of float images out of 98 MB)."""
-    import lightning_memplan.callback as callback_mod
+    import lightning_memplan.callback.memplan_callback as callback_mod
 
     made = 64 * 256 * 4
     with monkeypatch.context() as m:

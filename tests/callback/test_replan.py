@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_memplan.plan import Candidate, MemPlan
-from lightning_memplan.search import replan_candidate
+from lightning_memplan.planner.search import replan_candidate
 
 
 def _plan(*candidates: Candidate, chosen: int = 0, baseline: int = 1_000) -> MemPlan:

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-import lightning_memplan.compile as compile_mod
-from lightning_memplan.search import DEFAULT_REMAT_BUDGETS, search
+import lightning_memplan.forecasting.backend as compile_mod
+from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS, search
 
 
 def test_one_trace_for_every_plan(monkeypatch) -> None:  # noqa: ANN001
@@ -46,7 +46,7 @@ def test_the_emulated_candidates_equal_a_search_with_one_trace_per_set(monkeypat
         refused.append(1)
         raise RuntimeError("grid disabled")
 
-    monkeypatch.setattr("lightning_memplan.forecasting.forecast_grid", no_grid)
+    monkeypatch.setattr("lightning_memplan.forecasting.step_forecast.forecast_grid", no_grid)
     # the fallback path: one trace per set, with the blocks really wrapped
     per_set = search(make(), (x,), **kw).plan.candidates
     assert refused == [1]
@@ -69,7 +69,7 @@ def test_a_remat_only_search_and_its_plan_round_trip_through_json(tmp_path) -> N
 
 
 def test_kept_forecasts_rejudge_the_candidates_without_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_memplan.search import PlanDoesNotFit, rejudge
+    from lightning_memplan.planner.search import PlanDoesNotFit, rejudge
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.GELU(), nn.Linear(64, 1))

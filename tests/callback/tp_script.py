@@ -16,10 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lightning.pytorch import Trainer  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from models import WideHead  # noqa: E402
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
+from torch.distributed.tensor.parallel import (  # noqa: E402
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
-from lightning_memplan.callback import MemPlanWarning  # noqa: E402
+from lightning_memplan.callback.memplan_callback import MemPlanWarning  # noqa: E402
 
 
 class TensorParallelNet(WideHead):

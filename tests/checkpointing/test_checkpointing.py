@@ -5,7 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_memplan.checkpointing import checkpoint_candidates, checkpointed, repeated_blocks, resolve_blocks
+from lightning_memplan.planner.checkpointing import (
+    checkpoint_candidates,
+    checkpointed,
+    repeated_blocks,
+    resolve_blocks,
+)
 
 
 class Block(nn.Module):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_memplan.allocations import (
+from lightning_memplan.forecasting.allocations import (
     AllocEvent,
     GraphTrace,
     RegionTrace,

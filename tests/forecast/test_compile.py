@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lightning_memplan import compile as mp_compile
-from lightning_memplan.compile import MemplanBackend, memplan_backend, node_flops
-from lightning_memplan.estimator import profile_region
+from lightning_memplan.forecasting import backend as mp_compile
+from lightning_memplan.forecasting.backend import MemplanBackend, memplan_backend
+from lightning_memplan.forecasting.estimator import profile_region
+from lightning_memplan.forecasting.fx import node_flops
 
 X = torch.randn(1024, 256)  # activations dominate: the solver is called at budgets in (0, 1)
 
@@ -194,7 +195,7 @@ def test_old_torch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_private_symbol_is_named() -> None:
-    from lightning_memplan._compat import require
+    from lightning_memplan._torch.compat import require
 
     with pytest.raises(RuntimeError, match=r"needs `torch\._inductor\.memory\.no_such_thing`.*Supported: torch >= 2\.11"):
         require("torch._inductor.memory", "no_such_thing")

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from lightning_memplan.cuda_allocator import (
+from lightning_memplan.core.cuda_allocator import (
     CachingAllocatorModel,
     OutOfMemoryError,
     allocation_size,

@@ -1,5 +1,5 @@
 """The eager loss between the compiled forward and its backward: measured on a real step, laid into
-the forecast (lightning_memplan.eager_loss, Forecast.with_eager_loss)."""
+the forecast (lightning_memplan.forecasting.eager_loss, Forecast.with_eager_loss)."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +9,8 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from lightning_memplan import forecast
-from lightning_memplan._compat import storage_key
-from lightning_memplan.eager_loss import (
+from lightning_memplan._torch.compat import storage_key
+from lightning_memplan.forecasting.eager_loss import (
     EagerLoss,
     NotedOutputs,
     eager_loss_events,
@@ -124,7 +124,7 @@ def test_events_and_the_forecast_laid_out_with_them() -> None:
 
 
 def test_the_outputs_gradients_die_at_the_backwards_last_read_of_its_incoming_gradient() -> None:
-    from lightning_memplan.forecasting import _layout, _Plan
+    from lightning_memplan.forecasting.step_forecast import _layout, _Plan
 
     def plan(last_use: int | None) -> _Plan:
         return _Plan(index=0, method="fx", fw_nodes=("a",), fw_timeline=(10,), fw_retained=10, saved=10,

@@ -5,7 +5,11 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from lightning_memplan.estimator import GraphStorages, MemoryReplay, profile_graph
+from lightning_memplan.forecasting.estimator import (
+    GraphStorages,
+    MemoryReplay,
+    profile_graph,
+)
 
 F32 = 4
 

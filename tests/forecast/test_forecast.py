@@ -10,9 +10,17 @@ import torch.nn as nn
 
 import lightning_memplan
 from lightning_memplan import Forecast, forecast, measure_peak
-from lightning_memplan import compile as mp_compile
-from lightning_memplan.allocations import accumulation_order, lightning_order, simulate_cuda_allocator
-from lightning_memplan.planner import TrainingLoop, lightning_step_memory, lightning_step_timeline
+from lightning_memplan.forecasting import backend as mp_compile
+from lightning_memplan.forecasting.allocations import (
+    accumulation_order,
+    lightning_order,
+    simulate_cuda_allocator,
+)
+from lightning_memplan.planner.step import (
+    TrainingLoop,
+    lightning_step_memory,
+    lightning_step_timeline,
+)
 
 X = torch.randn(1024, 256)
 
@@ -95,7 +103,7 @@ def test_lower_budget_forecasts_fewer_saved_bytes(mlp_forecasts: dict[float, For
 
 
 def test_peers_are_reported(mlp_forecasts: dict[float, Forecast]) -> None:
-    from lightning_memplan import _compat
+    from lightning_memplan._torch import compat as _compat
 
     fc = mlp_forecasts[0.5]
     region = fc.regions[0]
@@ -184,7 +192,7 @@ def test_a_plans_cost_counts_every_call_of_a_shared_graph() -> None:
     compiled once and runs for three blocks costs three times. Before, each graph counted once: the
     broken models cost about half the whole graph's, and under FSDP2 (one graph for every unit)
     checkpointing one block of three looked costlier than checkpointing all three."""
-    from lightning_memplan.search import forecast_flops
+    from lightning_memplan.planner.search import forecast_flops
 
     costs = {}
     for where in ("none", "start", "inside"):
@@ -238,7 +246,7 @@ def test_repeated_lays_a_step_out_for_several_calls_of_the_model(make_mlp: Calla
     their backwards, and the first call's parameter gradients are summed into the second's in
     autograd's input buffers (out of place: one sum is transient). Forecast for one call the step was
     27% low here."""
-    from lightning_memplan.compile import memplan_backend
+    from lightning_memplan.forecasting.backend import memplan_backend
 
     model = make_mlp(width=128, depth=3)
     x = torch.randn(256, 128)
@@ -267,7 +275,7 @@ def test_with_calls_lays_a_step_out_for_calls_of_other_shapes(make_mlp: Callable
     """A labeled batch and a 4x larger unlabeled one through one compiled model (semi-supervised
     steps): dynamo compiles graphs per shape, so the second call is its own forecast. Laid out as
     :meth:`repeated` would lay out the first call twice, the step was 57% low here."""
-    from lightning_memplan.compile import memplan_backend
+    from lightning_memplan.forecasting.backend import memplan_backend
 
     model = make_mlp(width=128, depth=3)
     x, u = torch.randn(64, 128), torch.randn(256, 128)
@@ -470,7 +478,7 @@ def test_cuda_forecast_is_the_caching_allocators_peak() -> None:
 def test_with_optimizer_memory_lays_out_the_step_the_optimizer_takes() -> None:
     # the optimizer also holds a layer the model never calls: the real step skips it (no gradient),
     # forecast() counted its state and step temporaries; with_optimizer_memory lays out the real one
-    from lightning_memplan.optim_memory import optimizer_memory
+    from lightning_memplan.forecasting.optim_memory import optimizer_memory
 
     torch.manual_seed(0)
     model, extra = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)), nn.Linear(256, 512)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightning_memplan.fsdp_memory import (
+from lightning_memplan.core.fsdp_memory import (
     Collectives,
     FsdpParam,
     FsdpUnit,

@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lightning_memplan import forecast
-from lightning_memplan.checkpointing import checkpointed
-from lightning_memplan.forecasting import forecast_grid
+from lightning_memplan.forecasting.step_forecast import forecast_grid
+from lightning_memplan.planner.checkpointing import checkpointed
 
 
 class Residual(nn.Module):
@@ -134,7 +134,7 @@ def test_the_run_plan_is_compiled_and_needs_less_memory_to_decide() -> None:
 
 
 def test_backend_arguments_for_emulated_checkpointing_are_checked() -> None:
-    from lightning_memplan.compile import memplan_backend
+    from lightning_memplan.forecasting.backend import memplan_backend
 
     model, _ = _mlp()
     with pytest.raises(ValueError, match=r"`memplan_backend\(run_checkpoint='blocks\.0'\)` must be a sequence of "
@@ -155,7 +155,7 @@ def test_backend_arguments_for_emulated_checkpointing_are_checked() -> None:
 
 
 def test_blocks_are_found_by_module_id_or_by_source_path() -> None:
-    from lightning_memplan.compile import _owner
+    from lightning_memplan.forecasting.backend import _owner
 
     blocks = ("blocks.0", "blocks.10")
     assert _owner({"140": ("L['self'].blocks.0", nn.Module)}, blocks, {"140": "blocks.0"}) == "blocks.0"

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from lightning_memplan import measure_peak
-from lightning_memplan.measure import PeakWindow, running_peak
+from lightning_memplan.core.peaks import running_peak
+from lightning_memplan.measure import PeakWindow
 
 
 def test_running_peak() -> None:

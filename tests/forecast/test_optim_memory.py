@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from lightning_memplan import measure_peak
-from lightning_memplan.optim_memory import optimizer_memory
+from lightning_memplan.forecasting.optim_memory import optimizer_memory
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.1),

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_memplan import forecast, measure_peak
-from lightning_memplan.forecasting import _layout, _Plan
+from lightning_memplan.forecasting.step_forecast import _layout, _Plan
 
 
 class LossInside(nn.Module):
@@ -43,7 +43,7 @@ def test_logits_die_in_the_loss_regions_backward() -> None:
     assert abs(fc.peak_bytes / measured - 1) < 0.01, (fc.peak_bytes, measured)
     # without it, the logits are counted through the loss region's backward
     plans, executions, opt, _, _ = fc._parts
-    from lightning_memplan.forecasting import _executed
+    from lightning_memplan.forecasting.step_forecast import _executed
 
     _, held, _ = _layout(_executed(list(plans), executions), opt)
     assert held >= measured + 0.9 * logits

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from lightning_memplan.remat import (
+from lightning_memplan.core.remat import (
     RematProblem,
     check_solution,
     remat_bounds,

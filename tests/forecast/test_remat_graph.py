@@ -7,8 +7,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lightning_memplan import forecast, measure_peak
-from lightning_memplan.compile import memplan_backend
-from lightning_memplan.forecasting import forecast_grid
+from lightning_memplan.forecasting.backend import memplan_backend
+from lightning_memplan.forecasting.step_forecast import forecast_grid
 
 
 class Block(nn.Module):
@@ -58,7 +58,7 @@ def test_remat_forecasts_equal_the_measured_step_and_lower_budgets_save_less() -
 def test_a_remat_plan_beats_the_knapsack_on_both_memory_and_recompute() -> None:
     """The point of deciding every value: a remat plan forecast below torch's budget-0.3 plan's peak
     that also recomputes fewer FLOPs (it recomputes pointwise chains the knapsack never considers)."""
-    from lightning_memplan.search import forecast_flops
+    from lightning_memplan.planner.search import forecast_flops
 
     model, x = _model(layers=4, dim=64)
     budgets = (0.6, 0.4, 0.3, 0.25, 0.2)
@@ -84,7 +84,7 @@ def test_grid_remat_plans_equal_separate_forecasts() -> None:
 
 
 def test_a_failing_remat_plan_still_compiles_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightning_memplan.remat_graph as rg
+    import lightning_memplan.forecasting.remat_graph as rg
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no plan today")

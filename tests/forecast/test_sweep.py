@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lightning_memplan.compile import memplan_backend
-from lightning_memplan.forecasting import forecast, forecast_sweep
+from lightning_memplan.forecasting.backend import memplan_backend
+from lightning_memplan.forecasting.step_forecast import forecast, forecast_sweep
 
 BUDGETS = (1.0, 0.5, 0.1)
 
@@ -68,7 +68,7 @@ def test_decisions_equal_separate_forecasts(pair) -> None:  # noqa: ANN001
 
 
 def test_cost_equals_separate_forecasts(pair) -> None:  # noqa: ANN001
-    from lightning_memplan.search import forecast_flops
+    from lightning_memplan.planner.search import forecast_flops
 
     swept, separate, _, _ = pair
     for b in BUDGETS:

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from lightning_memplan.estimator import profile_graph
+from lightning_memplan.forecasting.estimator import profile_graph
+from lightning_memplan.forecasting.workspace import probe_workspace
 from lightning_memplan.measure import PeakWindow
-from lightning_memplan.workspace import probe_workspace
 
 
 def nodes(fn, *args):  # noqa: ANN001, ANN002, ANN201 - test helper

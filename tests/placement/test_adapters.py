@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_memplan.placement import Buffer, buffers_from_lifetimes, exact_search, peak_live, validate
+from lightning_memplan.placement import (
+    Buffer,
+    buffers_from_lifetimes,
+    exact_search,
+    peak_live,
+    validate,
+)
 
 
 def test_exclusive_and_inclusive_ends() -> None:

@@ -2,10 +2,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from lightning_memplan.placement import Buffer, Failure, MemorySpace, greedy_by_position, greedy_by_size, peak_live, validate
-
 from _oracle import random_buffers  # noqa: E402  (tests/placement is on sys.path via conftest)
+
+from lightning_memplan.placement import (
+    Buffer,
+    Failure,
+    MemorySpace,
+    greedy_by_position,
+    greedy_by_size,
+    peak_live,
+    validate,
+)
 
 ALGOS = [greedy_by_size, greedy_by_position]
 

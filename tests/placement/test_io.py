@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from lightning_memplan.placement import Buffer, MemorySpace, Plan, greedy_by_size, read_csv, write_csv
+from lightning_memplan.placement import (
+    Buffer,
+    MemorySpace,
+    Plan,
+    greedy_by_size,
+    read_csv,
+    write_csv,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _oracle import brute_force_arena, random_buffers
 
 from lightning_memplan.placement import (
     Buffer,
@@ -15,8 +16,6 @@ from lightning_memplan.placement import (
     read_csv,
     validate,
 )
-
-from _oracle import brute_force_arena, random_buffers
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "minimalloc"  # shipped copy of ../shared/data/minimalloc
 

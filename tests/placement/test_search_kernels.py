@@ -6,11 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from lightning_memplan.placement import MemorySpace, Plan, exact_search, peak_live, read_csv, validate
-from lightning_memplan.placement import _decide
-
 from _oracle import random_buffers
+
+from lightning_memplan.placement import (
+    MemorySpace,
+    Plan,
+    _decide,
+    exact_search,
+    peak_live,
+    read_csv,
+    validate,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "minimalloc"  # shipped copy of ../shared/data/minimalloc
 

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_memplan.report import PlanPoint, pareto_indices, plot_frontier, plot_timeline, save_figure
+from lightning_memplan.core.front import PlanPoint, pareto_indices
+from lightning_memplan.report import plot_frontier, plot_timeline, save_figure
 
 
 def test_pareto_indices_brute_force() -> None:

@@ -6,7 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from lightning_memplan.simulate import RecomputeGraph, knee_point, simulate_backward
+from lightning_memplan.core.simulate import (
+    RecomputeGraph,
+    knee_point,
+    simulate_backward,
+)
 from lightning_memplan.solvers import dp_knapsack, pareto_frontier
 
 

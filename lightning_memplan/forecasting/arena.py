@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from .estimator import GraphStorages
-from .placement import Buffer, greedy_by_size, peak_live
+from lightning_memplan.forecasting.estimator import GraphStorages
+from lightning_memplan.placement import Buffer, greedy_by_size, peak_live
 
 __all__ = ["ArenaEstimate", "arena_estimate", "graph_buffers"]
 

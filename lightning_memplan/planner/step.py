@@ -16,12 +16,24 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .checkpointing import CheckpointPolicy, _policy_classes, checkpoint_candidates, resolve_blocks
-from .eager_loss import EagerLoss
-from .optim_memory import OptimizerMemory
-from .plan import MemPlan
-from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, PlanDoesNotFit, rejudge, search
-from .units import parse_bytes
+from lightning_memplan._torch import compat as _compat
+from lightning_memplan.forecasting.eager_loss import EagerLoss
+from lightning_memplan.forecasting.optim_memory import OptimizerMemory
+from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.checkpointing import (
+    CheckpointPolicy,
+    _policy_classes,
+    checkpoint_candidates,
+    resolve_blocks,
+)
+from lightning_memplan.planner.search import (
+    DEFAULT_BUDGETS,
+    DEFAULT_REMAT_BUDGETS,
+    PlanDoesNotFit,
+    rejudge,
+    search,
+)
+from lightning_memplan.units import parse_bytes
 
 __all__ = [
     "PlanSettings", "PlanWarning", "TrainingLoop", "decide_plan", "eager_forward_warning", "forecast_plan",
@@ -69,7 +81,11 @@ class PlanSettings:
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""
-        from .compile import _check_budget, _check_inner, resolve_solver
+        from lightning_memplan.forecasting.backend import (
+            _check_budget,
+            _check_inner,
+            resolve_solver,
+        )
 
         if isinstance(budget, str):
             if budget != "auto":
@@ -106,14 +122,14 @@ class PlanSettings:
 def plan_solver(settings: PlanSettings, plan: MemPlan) -> str | Callable[..., Any]:
     """The solver to compile ``plan`` with: the plan's own when it names one (a search may choose a
     ``"remat"`` plan; a loaded plan keeps its solver), else the user's callable from ``settings``."""
-    from .compile import SOLVER_NAMES
+    from lightning_memplan.forecasting.backend import SOLVER_NAMES
 
     return plan.solver if plan.solver in SOLVER_NAMES else settings.solver
 
 
 def sum_outputs(out: Any) -> torch.Tensor:
     """Default loss for forecasting: the sum of every floating tensor in the output."""
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out)
+    leaves = [t for t in _compat.tree_leaves(out)
               if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
         raise ValueError("the module's forward returned no floating-point tensor to differentiate")
@@ -141,7 +157,7 @@ def grad_bytes(module: nn.Module) -> int:
     """Bytes of the gradients of ``module``'s trainable parameters between steps (unique
     parameters; of a sharded parameter, a DTensor, this rank's shard; of an FSDP2 parameter, its
     padded shard, also inside a unit's forward where the module holds the unsharded one)."""
-    from ._compat import fsdp2_shard_bytes, local_tensor
+    from lightning_memplan._torch.compat import fsdp2_shard_bytes, local_tensor
 
     shards = fsdp2_shard_bytes(module)
     seen: set[int] = set()
@@ -156,7 +172,7 @@ def grad_bytes(module: nn.Module) -> int:
 
 def gradless_parameters(module: nn.Module, reached: Collection[int]) -> list[nn.Parameter]:
     """``module``'s trainable parameters (each once) whose ``id`` is not in ``reached``
-    (:func:`~lightning_memplan.eager_loss.parameters_reached` of a step's loss): the step gives
+    (:func:`~lightning_memplan.forecasting.eager_loss.parameters_reached` of a step's loss): the step gives
     them no gradient."""
     unique = {id(p): p for p in module.parameters() if p.requires_grad and id(p) not in reached}
     return list(unique.values())
@@ -164,15 +180,15 @@ def gradless_parameters(module: nn.Module, reached: Collection[int]) -> list[nn.
 
 def gradless_bytes(module: nn.Module, reached: Collection[int]) -> int:
     """Bytes of the gradients :func:`grad_bytes` counts for :func:`gradless_parameters`: none."""
-    from ._compat import local_tensor
+    from lightning_memplan._torch.compat import local_tensor
 
     return sum(local_tensor(p).numel() * local_tensor(p).element_size() for p in gradless_parameters(module, reached))
 
 
 def other_optimizer_state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> int:
     """Bytes of the steady-state state of every optimizer but the first (existing, or simulated on
-    meta tensors: :func:`~lightning_memplan.optim_memory.optimizer_memory`)."""
-    from .optim_memory import optimizer_memory
+    meta tensors: :func:`~lightning_memplan.forecasting.optim_memory.optimizer_memory`)."""
+    from lightning_memplan.forecasting.optim_memory import optimizer_memory
 
     return sum(optimizer_memory(o).state_bytes for o in optimizers[1:])
 
@@ -226,7 +242,11 @@ class TrainingLoop:
     def of(cls, trainer: Any, module: Any, planned: nn.Module | None = None) -> TrainingLoop:
         """The loop ``trainer`` runs for ``module`` (defaults for what either lacks), whose submodule
         ``planned`` is the one planned (default: ``module`` itself)."""
-        from ._compat import fsdp2_shard_bytes, local_tensor, storage_key
+        from lightning_memplan._torch.compat import (
+            fsdp2_shard_bytes,
+            local_tensor,
+            storage_key,
+        )
 
         n = getattr(trainer, "accumulate_grad_batches", 1)
         resident, params = 0, None
@@ -292,7 +312,7 @@ def uncompiled_warnings(module: nn.Module, fc: Any) -> list[str]:
             "Run with TORCH_LOGS=graph_breaks to see where.")
     rnns = [name for name, m in module.named_modules()
             if isinstance(m, nn.RNNBase) and any(p.requires_grad for p in m.parameters())]
-    if rnns and not getattr(torch._dynamo.config, "allow_rnn", True):
+    if rnns and not _compat.dynamo_allows_rnn():
         shown = ", ".join(repr(n) for n in rnns[:3]) + (f" and {len(rnns) - 3} more" if len(rnns) > 3 else "")
         out.append(
             f"the recurrent modules {shown} run eagerly: dynamo does not compile nn.LSTM, nn.GRU or nn.RNN "
@@ -324,10 +344,9 @@ def eager_forward_warning(module: nn.Module, ids: Collection[int]) -> str | None
 
 def live_grad_bytes(module: nn.Module) -> int:
     """Bytes of the gradients ``module``'s parameters hold right now (unique storages)."""
-    from .forecasting import _unique_storages
 
     grads = [p.grad for p in module.parameters() if p.grad is not None]
-    return sum(n for n, _ in _unique_storages(grads, set()))
+    return sum(n for n, _ in _compat.unique_storages(grads, set()))
 
 
 def lightning_step_peak(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop()) -> int:
@@ -352,13 +371,17 @@ def lightning_step_peak(fc: Any, grads: int, loop: TrainingLoop = TrainingLoop()
 
     On CUDA (``fc.cuda_allocator`` set) the peak is the caching allocator's, in blocks as
     ``torch.cuda.max_memory_allocated`` counts them: the forecast's allocations in Lightning's order
-    (:func:`~lightning_memplan.allocations.lightning_order`, or
-    :func:`~lightning_memplan.allocations.accumulation_order`) replayed through its model.
+    (:func:`~lightning_memplan.forecasting.allocations.lightning_order`, or
+    :func:`~lightning_memplan.forecasting.allocations.accumulation_order`) replayed through its model.
     """
     if not loop.automatic_optimization:
         return int(fc.peak_bytes)
     if fc.cuda_allocator is not None and fc.allocations is not None:
-        from .allocations import accumulation_order, lightning_order, simulate_cuda_allocator
+        from lightning_memplan.forecasting.allocations import (
+            accumulation_order,
+            lightning_order,
+            simulate_cuda_allocator,
+        )
 
         order = lightning_order if loop.accumulate_grad_batches == 1 else accumulation_order
         return simulate_cuda_allocator(order(fc.allocations), device=fc.cuda_allocator.device).allocated_peak_bytes
@@ -489,7 +512,7 @@ def rejudge_plan(
 
 def input_storages(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[int, int]:
     """``{storage key: bytes}`` of the tensors among a call's arguments (no reference kept)."""
-    from ._compat import storage_key, tree_leaves
+    from lightning_memplan._torch.compat import storage_key, tree_leaves
 
     leaves = [t for t in tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
     return {storage_key(t): int(t.untyped_storage().nbytes()) for t in leaves}
@@ -498,7 +521,7 @@ def input_storages(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[int, int
 def call_signature(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """``(shape, dtype, device type)`` of each tensor among a call's arguments, in order: calls
     that differ in it run graphs of their own (the callback compiles with ``dynamic=False``)."""
-    from ._compat import tree_leaves
+    from lightning_memplan._torch.compat import tree_leaves
 
     return tuple((tuple(t.shape), t.dtype, t.device.type)
                  for t in tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor))
@@ -528,7 +551,7 @@ def made_input_bytes(call_inputs: Sequence[dict[int, int]], before: Collection[i
 def storage_keys(*trees: Any) -> set[int]:
     """Storage keys of every tensor in ``trees`` (any nesting; modules give their parameters
     and buffers)."""
-    from ._compat import storage_key, tree_leaves
+    from lightning_memplan._torch.compat import storage_key, tree_leaves
 
     keys: set[int] = set()
     for tree in trees:
@@ -629,8 +652,8 @@ def forecast_plan(
     """Forecast ``plan`` on ``settings.backend`` (the plan's blocks must already be wrapped) and
     return the plan with the prediction for the Lightning step ``loop`` runs
     (:func:`lightning_step_memory`), breakdown and partitioner notes filled in, and the
-    :class:`~lightning_memplan.forecasting.Forecast`. Raises what the forecast raises."""
-    from .forecasting import forecast
+    :class:`~lightning_memplan.forecasting.step_forecast.Forecast`. Raises what the forecast raises."""
+    from lightning_memplan.forecasting.step_forecast import forecast
 
     fc = forecast(BoundForward(module, forward, kwargs), tuple(args), budget=plan.budget,
                   solver=plan_solver(settings, plan), backend=settings.backend, loss_fn=sum_outputs,

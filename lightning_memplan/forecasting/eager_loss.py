@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge
 
-from . import _compat
-from .measure import PeakWindow
+from lightning_memplan._torch import compat as _compat
+from lightning_memplan.measure import PeakWindow
 
 __all__ = ["CallOutputs", "EagerCalls", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss",
            "measure_eager_losses", "parameters_reached", "scaled_eager_loss"]

@@ -21,7 +21,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .remat import RematProblem, RematSolution, remat_bounds, solve_remat_budget
+from lightning_memplan.core.remat import (
+    RematProblem,
+    RematSolution,
+    remat_bounds,
+    solve_remat_budget,
+)
 
 __all__ = ["REMAT_GRAPH_ID", "remat_problem", "tag_remat"]
 
@@ -52,9 +57,9 @@ def _is_view(node: fx.Node) -> bool:
 
 def remat_problem(gm: fx.GraphModule) -> tuple[RematProblem, list[fx.Node]]:
     """The rematerialization problem of a joint graph, and the node of each value (same order)."""
-    from .compile import _forward_nodes, node_flops
+    from lightning_memplan.forecasting.fx import forward_nodes, node_flops
 
-    fwd = _forward_nodes(gm)
+    fwd = forward_nodes(gm)
     index = {n: i for i, n in enumerate(fwd)}
     nbytes, cost, needed, saveable, recomputable = [], [], [], [], []
     edges: list[tuple[int, int]] = []
@@ -76,7 +81,7 @@ def remat_problem(gm: fx.GraphModule) -> tuple[RematProblem, list[fx.Node]]:
 
 def tag_remat(gm: fx.GraphModule, budget: float,
               cache: dict[str, Any] | None = None) -> RematSolution:
-    """Solve ``gm``'s problem at ``budget`` (see :func:`lightning_memplan.remat.solve_remat_budget`)
+    """Solve ``gm``'s problem at ``budget`` (see :func:`lightning_memplan.core.remat.solve_remat_budget`)
     and tag its forward nodes with the plan. ``cache`` (a dict the caller keeps per joint graph)
     holds the problem's bounds, so several budgets on copies of one graph solve them once.
 

@@ -16,7 +16,7 @@ This module keeps that order:
 * :func:`lightning_order` moves ``zero_grad`` before the backward, as Lightning's automatic
   optimization runs it.
 * :func:`simulate_cuda_allocator` replays the step through
-  :class:`~lightning_memplan.cuda_allocator.CachingAllocatorModel` in the order a run allocates
+  :class:`~lightning_memplan.core.cuda_allocator.CachingAllocatorModel` in the order a run allocates
   (baseline, compiling run, first step, steps until they repeat) and reports the allocated and
   reserved peaks of the next one.
 
@@ -31,8 +31,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from lightning_memplan.cuda_allocator import CachingAllocatorModel
-from lightning_memplan.measure import running_peak
+from lightning_memplan.core.cuda_allocator import CachingAllocatorModel
+from lightning_memplan.core.peaks import running_peak
 
 __all__ = ["AllocEvent", "AllocatorForecast", "GraphTrace", "RegionTrace", "StepAllocations", "accumulation_order",
            "lightning_order", "share_inputs", "simulate_cuda_allocator", "stitch_step"]

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .instance_patch import instance_attributes
+from lightning_memplan.core.instance_patch import instance_attributes
 
 __all__ = ["CheckpointPolicy", "checkpoint_candidates", "checkpointed", "resolve_blocks"]
 

@@ -130,9 +130,18 @@ def size_of_node(node: torch.fx.Node) -> int:
     return int(require("torch._functorch.partitioners", "_size_of")(node))
 
 
-def torch_dp_knapsack() -> Callable[..., Any]:
-    """torch's own DP knapsack (the reference solver signature)."""
-    return require("torch._functorch._activation_checkpointing.knapsack", "dp_knapsack")
+def torch_knapsack_solvers() -> dict[str, Callable[..., Any]]:
+    """torch's own knapsack solvers by our solver names (the peers of :mod:`lightning_memplan.solvers`)."""
+    module = "torch._functorch._activation_checkpointing.knapsack"
+    return {"greedy": require(module, "greedy_knapsack"), "dp": require(module, "dp_knapsack"),
+            "hirschberg": require(module, "dp_knapsack_sliding_hirschberg"), "ilp": require(module, "ilp_knapsack")}
+
+
+def torch_knee_tools() -> tuple[type, type]:
+    """torch's ``(GraphInfoProvider, KnapsackEvaluator)``: the peer of our one-pass knee."""
+    base = "torch._functorch._activation_checkpointing."
+    return (require(base + "graph_info_provider", "GraphInfoProvider"),
+            require(base + "knapsack_evaluator", "KnapsackEvaluator"))
 
 
 @contextlib.contextmanager
@@ -249,21 +258,12 @@ def eager_backward_compile() -> contextlib.AbstractContextManager[Any] | None:
     return cfg.patch(force_non_lazy_backward_lowering=True)
 
 
-def force_disable_caches_value() -> bool:
-    return bool(require("torch.compiler", "config").force_disable_caches)
-
-
 def flop_registry() -> dict[Any, Callable[..., int]]:
     """``torch.utils.flop_counter.flop_registry``: overload packet -> FLOP formula on shapes."""
     return require("torch.utils.flop_counter", "flop_registry")
 
 
 # --------------------------------------------------------------------------- inductor scheduler
-def inductor_reorder_enabled() -> bool:
-    """Whether inductor runs ``reorder_for_peak_memory`` (where we read the final node order)."""
-    return bool(require("torch._inductor.config", "reorder_for_peak_memory"))
-
-
 def _origin_names(snode: Any) -> tuple[str, ...]:
     """Names of the FX nodes a scheduler node (fused or not) was lowered from."""
     names: set[str] = set()
@@ -400,7 +400,7 @@ def torch_fx_peak_estimate(fw_graph: torch.fx.Graph, bw_graph: torch.fx.Graph) -
 class Fsdp2Units(NamedTuple):
     """FSDP2 units of a model (see :func:`fsdp2_units`)."""
 
-    #: One :class:`~lightning_memplan.fsdp_memory.FsdpUnit` per ``fully_shard`` parameter group.
+    #: One :class:`~lightning_memplan.core.fsdp_memory.FsdpUnit` per ``fully_shard`` parameter group.
     units: tuple[Any, ...]
     #: The units' parameter groups (same order): whose forward is running (:func:`fsdp2_active_unit`).
     groups: tuple[Any, ...]
@@ -414,7 +414,7 @@ def fsdp2_units(model: torch.nn.Module) -> Fsdp2Units | None:
     ``post_forward_mesh_info`` is None when a unit keeps its parameters after forward, as the root
     does; before the first forward, the root is the outermost unit). ``None`` when there is none,
     or when this torch's internals differ (then nothing is forecast for FSDP)."""
-    from lightning_memplan.fsdp_memory import FsdpParam, FsdpUnit
+    from lightning_memplan.core.fsdp_memory import FsdpParam, FsdpUnit
 
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -524,7 +524,7 @@ def fsdp2_backward_hooks_inert(model: torch.nn.Module) -> Iterator[None]:
     """While inside, FSDP2's pre-backward hooks (on every unit's forward outputs) do nothing: no
     all-gather, no prefetch, no final callback queued; each unit's training state is put back on
     exit. For a partial backward that only measures (the loss down to the compiled forward's
-    outputs, :func:`~lightning_memplan.eager_loss.measure_eager_losses`) in the middle of a step.
+    outputs, :func:`~lightning_memplan.forecasting.eager_loss.measure_eager_losses`) in the middle of a step.
 
     Raises:
         RuntimeError: this torch's FSDP2 internals differ (the measurement is then skipped).
@@ -578,8 +578,25 @@ def storage_weakref(t: torch.Tensor) -> Any:
     return require("torch.multiprocessing.reductions", "StorageWeakRef")(t.untyped_storage())
 
 
+def unique_storages(tensors: Sequence[torch.Tensor], seen: set[int]) -> list[tuple[int, str]]:
+    """(bytes, device type) of each storage not in ``seen`` (which it extends), in order; of a
+    DTensor (FSDP2's sharded parameters, their gradients), this rank's local shard."""
+    out: list[tuple[int, str]] = []
+    for t in map(local_tensor, tensors):  # a DTensor: this rank's shard
+        key = storage_key(t)
+        if key not in seen:
+            seen.add(key)
+            out.append((int(t.untyped_storage().nbytes()), t.device.type))
+    return out
+
+
 def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     return require("torch.utils._pytree", "tree_map")(fn, tree)
+
+
+def dynamo_allows_rnn() -> bool:
+    """Whether dynamo compiles ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (``torch._dynamo.config.allow_rnn``)."""
+    return bool(getattr(torch._dynamo.config, "allow_rnn", True))
 
 
 def tree_leaves(tree: Any) -> list[Any]:

@@ -21,7 +21,7 @@ from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
 
-from .solvers import ParetoFrontier, pareto_frontier
+from lightning_memplan.solvers import ParetoFrontier, pareto_frontier
 
 __all__ = [
     "BackwardSimulation",

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from lightning_memplan import _compat
-from lightning_memplan.allocations import AllocEvent
+from lightning_memplan._torch import compat as _compat
+from lightning_memplan.forecasting.allocations import AllocEvent
 
 __all__ = ["OptimizerMemory", "optimizer_memory"]
 
@@ -87,10 +87,6 @@ def _tracker_class() -> type:
             return out
 
     return _AllocTracker
-
-
-def _unique_bytes(tensors: list[torch.Tensor]) -> int:
-    return sum(n for n, _ in _unique_storages(tensors, "cpu"))
 
 
 def _unique_storages(tensors: list[torch.Tensor], meta_device: str) -> tuple[tuple[int, str], ...]:

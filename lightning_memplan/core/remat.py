@@ -3,7 +3,7 @@
 torch's ``activation_memory_budget`` runs a 0/1 knapsack over the partitioner's *banned* nodes only
 (matmuls, attention) and leaves every other forward value to the min cut. This module decides every
 forward value of a joint graph at once: for a cap on the bytes saved for backward, the plan with
-the least recompute cost. It is pure data in, data out; :mod:`lightning_memplan.remat_graph` builds
+the least recompute cost. It is pure data in, data out; :mod:`lightning_memplan.forecasting.remat_graph` builds
 the problem from an FX joint graph and writes the plan back as ``torch.utils.checkpoint``'s tags.
 
 The problem (:class:`RematProblem`): forward values ``0..n-1`` in topological order. Value ``i``
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ._native_io import silence_native_output
+from lightning_memplan._native_io import silence_native_output
 
 __all__ = ["RematProblem", "RematSolution", "check_solution", "remat_bounds", "solve_remat", "solve_remat_budget"]
 

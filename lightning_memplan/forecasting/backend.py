@@ -39,8 +39,9 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from lightning_memplan import _compat
-from lightning_memplan.allocations import AllocEvent, share_inputs
+from lightning_memplan._torch import compat as _compat
+from lightning_memplan.forecasting.allocations import AllocEvent, share_inputs
+from lightning_memplan.forecasting.fx import forward_nodes, node_flops
 
 __all__ = [
     "INNER_BACKENDS",
@@ -52,7 +53,6 @@ __all__ = [
     "ScheduleEstimate",
     "SolverFn",
     "memplan_backend",
-    "node_flops",
     "resolve_solver",
 ]
 
@@ -62,7 +62,7 @@ SolverFn = Callable[[list[float], list[float], float], tuple[float, list[int], l
 #: Names accepted by ``solver=`` (see :func:`lightning_memplan.solvers.get_solver`).
 SOLVER_NAMES: tuple[str, ...] = ("greedy", "dp", "hirschberg", "ilp", "remat")
 """Solver names: the four knapsack solvers of :mod:`lightning_memplan.solvers`, and ``"remat"``:
-whole-graph rematerialization (:mod:`lightning_memplan.remat`), which decides every forward value
+whole-graph rematerialization (:mod:`lightning_memplan.core.remat`), which decides every forward value
 (not only the knapsack's candidates) and hands the plan to the partitioner as recompute tags."""
 
 #: Accepted ``inner=`` values; ``"aot_eager_decomp_partition"`` is an alias of ``"aot_eager"``.
@@ -259,27 +259,6 @@ class RegionCapture:
 
 
 # --------------------------------------------------------------------------- FLOPs
-def node_flops(node: fx.Node) -> int:
-    """FLOPs of ``node`` from ``torch.utils.flop_counter.flop_registry`` on its inputs' ``meta["val"]``.
-
-    Ops without a formula (pointwise, views) count 1, like torch's ``estimate_runtime`` in "flops"
-    mode. Needs no dispatch, so it works inside the partitioner's ``no_dispatch()``.
-    """
-    packet = getattr(node.target, "overloadpacket", None)
-    formula = _compat.flop_registry().get(packet) if packet is not None else None
-    if formula is None:
-        return 1
-
-    def unwrap(a: object) -> object:
-        return a.meta.get("val") if isinstance(a, fx.Node) else a
-
-    try:
-        args, kwargs = _compat.tree_map(unwrap, (node.args, node.kwargs))
-        return max(int(formula(*args, **kwargs, out_val=node.meta.get("val"))), 1)
-    except Exception:  # noqa: BLE001 - an unusual signature must not break the partitioner
-        return 1
-
-
 # --------------------------------------------------------------------------- solver adapter
 @functools.lru_cache(maxsize=None)
 def _adapter_class() -> type:
@@ -392,16 +371,6 @@ def _copy_joint(gm: fx.GraphModule) -> fx.GraphModule:
     return new
 
 
-def _forward_nodes(gm: fx.GraphModule) -> list[fx.Node]:
-    """The joint graph's forward ``call_function`` nodes: those no tangent input flows into."""
-    backward: set[fx.Node] = set()
-    for node in gm.graph.nodes:  # topological order: users come after their inputs
-        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
-                a in backward for a in node.all_input_nodes):
-            backward.add(node)
-    return [n for n in gm.graph.nodes if n.op == "call_function" and n not in backward]
-
-
 def _owner(stack: dict[str, Any], blocks: Sequence[str], module_names: dict[str, str]) -> str | None:
     """The block of ``blocks`` a node was traced in, from its ``nn_module_stack``: keys are the
     modules' ids in torch 2.13; otherwise the values' source paths are matched by their ending
@@ -426,7 +395,7 @@ def _tag_checkpointed(gm: fx.GraphModule, blocks: Sequence[str], module_names: d
 
     graph_ids = {b: 10_000 + i for i, b in enumerate(blocks)}
     tagged = 0
-    for node in _forward_nodes(gm):
+    for node in forward_nodes(gm):
         owner = _owner(node.meta.get("nn_module_stack") or {}, blocks, module_names)
         if owner is not None:
             node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
@@ -447,10 +416,10 @@ def _share_saved_inputs(
 
     A saved value is a backward input named after the forward node that made it. Values the forward
     saved as views of one storage (q, k and v of one qkv buffer) are one allocation; a view of a
-    forward input (a primal) is no allocation. See :func:`lightning_memplan.allocations.share_inputs`.
+    forward input (a primal) is no allocation. See :func:`lightning_memplan.forecasting.allocations.share_inputs`.
     Returns the events, marks, timeline (bytes) and the freeable input bytes (tangents excluded).
     """
-    from lightning_memplan.estimator import GraphStorages
+    from lightning_memplan.forecasting.estimator import GraphStorages
 
     fws = GraphStorages(fw_graph.graph)
     owner: dict[Any, Any] = {}
@@ -815,7 +784,7 @@ class MemplanBackend:
         and None returned (the graph then partitions untagged: torch's plan at budget 1.0)."""
         import time
 
-        from .remat_graph import tag_remat
+        from lightning_memplan.forecasting.remat_graph import tag_remat
 
         t0 = time.perf_counter()
         try:
@@ -944,7 +913,7 @@ def memplan_backend(
             Needs ``inner="aot_eager"``.
 
     With ``solver="remat"`` the compiled plan itself is whole-graph rematerialization at
-    ``budget`` (see :mod:`lightning_memplan.remat`); ``sweep``, ``sweep_checkpoints`` and
+    ``budget`` (see :mod:`lightning_memplan.core.remat`); ``sweep``, ``sweep_checkpoints`` and
     ``run_checkpoint`` are knapsack plans and are refused then.
 
     Raises:

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from lightning_memplan._compat import concrete_int, storage_key
-from lightning_memplan.allocations import AllocEvent
+from lightning_memplan._torch.compat import concrete_int, storage_key
+from lightning_memplan.forecasting.allocations import AllocEvent
 
 __all__ = [
     "GraphStorages",

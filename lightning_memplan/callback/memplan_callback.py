@@ -26,14 +26,41 @@ from tabulate import tabulate
 from torch import nn
 from typing_extensions import override
 
-from ._compat import fsdp2_backward_hooks_inert, fsdp_kinds, isolated_compile_kwargs, recompile_limit
-from .checkpointing import CheckpointPolicy, checkpointed
-from .compile_watch import CompileRecord, WatchedBackend, describe_shapes
-from .eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached, scaled_eager_loss
-from .instance_patch import instance_attributes
-from .optim_memory import OptimizerMemory, optimizer_memory
-from .plan import MemPlan
-from .planner import (
+from lightning_memplan._torch.compat import (
+    fsdp2_backward_hooks_inert,
+    fsdp_kinds,
+    isolated_compile_kwargs,
+    recompile_limit,
+)
+from lightning_memplan.callback.compile_watch import (
+    CompileRecord,
+    WatchedBackend,
+    describe_shapes,
+)
+from lightning_memplan.callback.strategy import (
+    decide_on_rank_zero,
+    forward_has_collectives,
+    max_over_ranks,
+)
+from lightning_memplan.core.instance_patch import instance_attributes
+from lightning_memplan.forecasting.eager_loss import (
+    EagerCalls,
+    EagerLoss,
+    measure_eager_losses,
+    parameters_reached,
+    scaled_eager_loss,
+)
+from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
+from lightning_memplan.forecasting.unit_compile import UnitCompile
+from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.checkpointing import CheckpointPolicy, checkpointed
+from lightning_memplan.planner.precompiled import compiled_by_user
+from lightning_memplan.planner.search import (
+    DEFAULT_BUDGETS,
+    DEFAULT_REMAT_BUDGETS,
+    replan_candidate,
+)
+from lightning_memplan.planner.step import (
     PlanSettings,
     PlanWarning,
     TrainingLoop,
@@ -59,11 +86,7 @@ from .planner import (
     storage_keys,
     uncompiled_warnings,
 )
-from .precompiled import compiled_by_user
-from .search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS, replan_candidate
-from .strategy import decide_on_rank_zero, forward_has_collectives, max_over_ranks
-from .unit_compile import UnitCompile
-from .units import format_bytes
+from lightning_memplan.units import format_bytes
 
 __all__ = ["MemPlanCallback", "MemPlanWarning"]
 
@@ -77,9 +100,9 @@ MemPlanWarning = PlanWarning
 def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
     """``type(module).forward`` with a new code object, bound to ``module``: dynamo's per-code cache
     starts empty, so a new plan is never served an old compiled graph."""
-    from .forecasting import _fresh_function
+    from lightning_memplan.core.fresh_code import fresh_function
 
-    return types.MethodType(_fresh_function(type(module).forward), module)
+    return types.MethodType(fresh_function(type(module).forward), module)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +155,7 @@ class MemPlanCallback(Callback):
             torch's solver signature ``(memory, runtimes, max_memory) -> (value, saved, recomputed)``:
             the knapsack over torch's recompute candidates; or ``"remat"``: whole-graph
             rematerialization, an exact MILP over every forward value (``budget`` then caps the
-            saved bytes; see :mod:`lightning_memplan.remat`). With ``budget="auto"`` the search
+            saved bytes; see :mod:`lightning_memplan.core.remat`). With ``budget="auto"`` the search
             tries remat plans next to the knapsack's (``remat_budgets``), and the plan keeps the
             solver it was chosen with.
         checkpoint: blocks the search may wrap in activation checkpointing: ``"auto"`` (the model's
@@ -397,7 +420,7 @@ class MemPlanCallback(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        from ._compat import check_torch_version
+        from lightning_memplan._torch.compat import check_torch_version
 
         check_torch_version()
         self._reset_fit_state()
@@ -559,7 +582,7 @@ class MemPlanCallback(Callback):
                                           in_bytes=sum(inputs.values()))
 
     def _eager_calls(self) -> EagerCalls | None:
-        """The first batch's :class:`~lightning_memplan.eager_loss.EagerCalls` (made at its first
+        """The first batch's :class:`~lightning_memplan.forecasting.eager_loss.EagerCalls` (made at its first
         call); ``None`` once an earlier call could not be noted (nothing is measured then)."""
         if self._outputs is None and self.forward_calls_per_step <= 1:
             self._outputs = EagerCalls(self._device())
@@ -567,7 +590,7 @@ class MemPlanCallback(Callback):
 
     def _region_returned(self, out: Any) -> None:
         """A compiled region of the planned forward returned, on the first batch (see
-        :meth:`~lightning_memplan.eager_loss.EagerCalls.region_returned`)."""
+        :meth:`~lightning_memplan.forecasting.eager_loss.EagerCalls.region_returned`)."""
         calls = self._outputs
         if calls is None:
             return
@@ -578,7 +601,7 @@ class MemPlanCallback(Callback):
 
     def _note_outputs(self, out: Any) -> None:
         """Note this call's outputs (nothing that keeps them alive) for :meth:`on_before_backward`,
-        and open a window on the eager code that follows (:class:`~lightning_memplan.eager_loss.EagerCalls`);
+        and open a window on the eager code that follows (:class:`~lightning_memplan.forecasting.eager_loss.EagerCalls`);
         when eager code ran after the call's last compiled region (a head, or a loss, in a forward
         whose frame dynamo skipped), that region's outputs, from its return."""
         calls = self._eager_calls()
@@ -602,7 +625,7 @@ class MemPlanCallback(Callback):
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         """First batch: measure the eager code between the forward's calls and the backward (the
-        loss on the outputs, metrics; :func:`~lightning_memplan.eager_loss.measure_eager_losses`)."""
+        loss on the outputs, metrics; :func:`~lightning_memplan.forecasting.eager_loss.measure_eager_losses`)."""
         self._close_eager_window()
         if self._fit_batches == 1:
             self._first_batch_backwards += 1
@@ -615,7 +638,7 @@ class MemPlanCallback(Callback):
             return
         module = self._module
         assert module is not None
-        from ._compat import tree_leaves
+        from lightning_memplan._torch.compat import tree_leaves
 
         # which parameters get no gradient: with automatic optimization this backward is the step's
         # only one (under FSDP2 the graph holds the unsharded parameters, not the module's)
@@ -657,7 +680,7 @@ class MemPlanCallback(Callback):
                             outputs: EagerCalls) -> None:
         """Warn when the loss reaches parameters of the module that neither a compiled graph nor
         the code after the forward's calls read: the forward ran their layers eagerly (unless a
-        plainer warning, :func:`~lightning_memplan.planner.uncompiled_warnings`, said so already)."""
+        plainer warning, :func:`~lightning_memplan.planner.step.uncompiled_warnings`, said so already)."""
         fc = self.forecast
         compiled = fc.compiled_parameter_ids if fc is not None else None
         if compiled is None or uncompiled_warnings(module, fc):
@@ -773,7 +796,7 @@ class MemPlanCallback(Callback):
 
     def _install(self, plan: MemPlan) -> None:
         """Wrap the plan's blocks, forecast it on ``backend`` and compile. Falls back on failure."""
-        from .compile import memplan_backend
+        from lightning_memplan.forecasting.backend import memplan_backend
 
         module = self._module
         assert module is not None and self._example is not None and self._orig_forward is not None
@@ -871,7 +894,7 @@ class MemPlanCallback(Callback):
             return
         if not profiled:
             return
-        from .measure import PeakWindow
+        from lightning_memplan.measure import PeakWindow
 
         # On CPU the profiler only sees frees of blocks it saw allocated: the previous step's
         # gradients (freed by zero_grad inside this step) are known only if that step was profiled
@@ -1164,10 +1187,10 @@ class MemPlanCallback(Callback):
     def _forecast_step(self) -> None:
         """Lay the forecast out for the step the first batch showed (nothing is compiled) and
         predict from it: ``training_step`` called the planned forward several times
-        (:meth:`~lightning_memplan.forecasting.Forecast.repeated`), made the forward's inputs itself
-        (:meth:`~lightning_memplan.forecasting.Forecast.with_inputs_made_in_step`), and the eager
+        (:meth:`~lightning_memplan.forecasting.step_forecast.Forecast.repeated`), made the forward's inputs itself
+        (:meth:`~lightning_memplan.forecasting.step_forecast.Forecast.with_inputs_made_in_step`), and the eager
         code between the forward and the backward was measured
-        (:meth:`~lightning_memplan.forecasting.Forecast.with_eager_loss`)."""
+        (:meth:`~lightning_memplan.forecasting.step_forecast.Forecast.with_eager_loss`)."""
         calls, losses, made = self.forward_calls_per_step, self.eager_losses, self._made_inputs
         plan, fc = self.plan, self.forecast
         if plan is None or (calls <= 1 and not losses and not made and not self._gradless_bytes()):
@@ -1364,7 +1387,8 @@ class MemPlanCallback(Callback):
 
     @rank_zero_only
     def _plot_frontier(self) -> None:
-        from .report import PlanPoint, plot_frontier
+        from lightning_memplan.core.front import PlanPoint
+        from lightning_memplan.report import plot_frontier
 
         plan = self.plan
         if plan is None or not plan.candidates:
@@ -1382,7 +1406,7 @@ class MemPlanCallback(Callback):
 
     @rank_zero_only
     def _plot_timeline(self, measured: int) -> None:
-        from .report import plot_timeline
+        from lightning_memplan.report import plot_timeline
 
         fc, plan = self.forecast, self.plan
         if fc is None or not fc.timeline or plan is None:
@@ -1399,9 +1423,13 @@ class MemPlanCallback(Callback):
         """Save ``fig`` as ``<plot dir>/<name>.png`` and hand it to the loggers that keep pictures:
         a TensorBoard figure, an MLflow run artifact (under ``memplan/``), a W&B image under the key
         ``memplan/<name>`` (at the Trainer's global step)."""
-        from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
+        from lightning.pytorch.loggers import (
+            MLFlowLogger,
+            TensorBoardLogger,
+            WandbLogger,
+        )
 
-        from .report import save_figure
+        from lightning_memplan.report import save_figure
 
         trainer = self._trainer
         if trainer is not None and trainer.fast_dev_run:

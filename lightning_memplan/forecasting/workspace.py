@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from lightning_memplan import _compat
+from lightning_memplan._torch import compat as _compat
 from lightning_memplan.measure import PeakWindow
 
 __all__ = ["LOW_PRECISION_CPU_MATMULS", "PROBED_OPS", "probe_workspace"]

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .instance_patch import instance_attributes
+from lightning_memplan.core.instance_patch import instance_attributes
 
 __all__ = ["UnitCompile", "fsdp2_unit_modules"]
 
@@ -61,10 +61,10 @@ class UnitCompile:
     """
 
     def __init__(self, model: nn.Module, backend: Any, compile_kwargs: dict[str, Any]) -> None:
-        from .forecasting import _fresh_function
+        from lightning_memplan.core.fresh_code import fresh_function
 
         self.units: tuple[nn.Module, ...] = tuple(fsdp2_unit_modules(model))
-        self._compiled = torch.compile(_fresh_function(_call_unit), backend=backend, **compile_kwargs)
+        self._compiled = torch.compile(fresh_function(_call_unit), backend=backend, **compile_kwargs)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:

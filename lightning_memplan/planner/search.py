@@ -1,7 +1,7 @@
 """Choose a memory plan: forecast candidate plans, then take the knee or the fastest that fits.
 
 A candidate plan is (activation memory budget, checkpointed blocks) with the knapsack solver, or a
-whole-graph rematerialization plan (solver ``"remat"``, :mod:`lightning_memplan.remat`), which can
+whole-graph rematerialization plan (solver ``"remat"``, :mod:`lightning_memplan.core.remat`), which can
 save less for the same recomputation because it decides every forward value, not only the
 knapsack's candidates. Each is forecast on the real
 compiled graphs of the model (:func:`lightning_memplan.forecast`): its predicted peak above the
@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpointing import checkpointed
-from .plan import Candidate, MemPlan
-from .report import PlanPoint, pareto_indices
-from .units import format_bytes
+from lightning_memplan.core.front import PlanPoint, pareto_indices
+from lightning_memplan.plan import Candidate, MemPlan
+from lightning_memplan.planner.checkpointing import checkpointed
+from lightning_memplan.units import format_bytes
 
 __all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose",
            "forecast_flops", "rejudge", "search"]
@@ -48,7 +48,7 @@ near-tie cannot stretch the front (and move the knee) with a point no faster in 
 
 DEFAULT_REMAT_BUDGETS: tuple[float, ...] = (0.55, 0.4, 0.25)
 """Whole-graph rematerialization plans a search adds (solver ``"remat"``; a budget caps the saved
-bytes between the least and the cheapest plan's, see :mod:`lightning_memplan.remat`). Each costs a
+bytes between the least and the cheapest plan's, see :mod:`lightning_memplan.core.remat`). Each costs a
 MILP and a partition. A denser grid (0.55, 0.45, 0.35, 0.25) was tried on the 6-block GPT of
 ``benchmarks/plans.py``: its knee, remat 0.35, saved 67% of full block checkpointing's memory under
 inductor (0.25: 82%), and deciding took 20% longer."""
@@ -82,7 +82,7 @@ def forecast_flops(fc: Any) -> float:
     region's graphs times the calls the step makes of it (one graph serves every block when dynamo
     compiles a block's frame once, as after a graph break in a loop or for each FSDP2 unit); NaN
     when no graph was captured."""
-    from .compile import node_flops
+    from lightning_memplan.forecasting.fx import node_flops
 
     calls = {r.index: r.calls for r in fc.regions}  # a region whose forecast failed: once
     total, seen = 0, False
@@ -146,7 +146,11 @@ def search(
             holds the kept forecasts).
         RuntimeError: every candidate's forecast failed (the message has the first cause).
     """
-    from .forecasting import forecast, forecast_grid, forecast_sweep
+    from lightning_memplan.forecasting.step_forecast import (
+        forecast,
+        forecast_grid,
+        forecast_sweep,
+    )
 
     t0 = time.perf_counter()
     judge = step_memory if step_memory is not None else _forecast_memory

@@ -12,11 +12,11 @@ Forward and loss are compiled together (one ``torch.compile`` of ``loss_fn(model
 
 What is counted (bytes): before the step (``baseline_bytes``) the parameters, buffers, inputs and the
 steady-state optimizer state (unique storages); during the step the activations of every compiled
-region (from its captured forward and backward graphs: :mod:`lightning_memplan.estimator`, or
+region (from its captured forward and backward graphs: :mod:`lightning_memplan.forecasting.estimator`, or
 inductor's scheduler estimate on its final node order), the gradients the backward creates, and the
-optimizer's step temporaries (:mod:`lightning_memplan.optim_memory`). On CUDA the same step,
+optimizer's step temporaries (:mod:`lightning_memplan.forecasting.optim_memory`). On CUDA the same step,
 storage by storage, is replayed through a model of the caching allocator
-(:mod:`lightning_memplan.allocations`), whose blocks ``max_memory_allocated`` counts. Not visible:
+(:mod:`lightning_memplan.forecasting.allocations`), whose blocks ``max_memory_allocated`` counts. Not visible:
 eager code between graph breaks, blocks other work left in the allocator's cache, kernels' internal
 workspaces beyond the probed ones.
 """
@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import functools
 import time
-import types
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -36,8 +35,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lightning_memplan import _compat
-from lightning_memplan.allocations import (
+from lightning_memplan._torch import compat as _compat
+from lightning_memplan.core.fresh_code import fresh_function
+from lightning_memplan.core.fsdp_memory import Collectives, Point, fsdp_step_events
+from lightning_memplan.core.fsdp_memory import Event as FsdpEvent
+from lightning_memplan.forecasting.allocations import (
     AllocatorForecast,
     AllocEvent,
     GraphTrace,
@@ -46,7 +48,7 @@ from lightning_memplan.allocations import (
     simulate_cuda_allocator,
     stitch_step,
 )
-from lightning_memplan.compile import (
+from lightning_memplan.forecasting.backend import (
     KnapsackRecord,
     MemplanBackend,
     PartitionDecision,
@@ -57,18 +59,16 @@ from lightning_memplan.compile import (
     memplan_backend,
     resolve_solver,
 )
-from lightning_memplan.eager_loss import EagerLoss, eager_loss_events
-from lightning_memplan.estimator import (
+from lightning_memplan.forecasting.eager_loss import EagerLoss, eager_loss_events
+from lightning_memplan.forecasting.estimator import (
     GRADIENTS,
     RegionMemory,
     node_device,
     profile_region,
 )
-from lightning_memplan.fsdp_memory import Collectives, Point, fsdp_step_events
-from lightning_memplan.fsdp_memory import Event as FsdpEvent
-from lightning_memplan.optim_memory import OptimizerMemory, optimizer_memory
-from lightning_memplan.unit_compile import UnitCompile
-from lightning_memplan.workspace import probe_workspace
+from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
+from lightning_memplan.forecasting.unit_compile import UnitCompile
+from lightning_memplan.forecasting.workspace import probe_workspace
 
 __all__ = ["Forecast", "GridKey", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_grid",
            "forecast_sweep"]
@@ -94,7 +94,7 @@ class MemoryBreakdown:
     #: Optimizer step temporaries live at the peak.
     optimizer_temporaries: int
     #: FSDP2's buffers live at the peak (all-gathered parameters, all-gather outputs, reduce-scatter
-    #: inputs, the collectives' copies; :mod:`lightning_memplan.fsdp_memory`); 0 without FSDP.
+    #: inputs, the collectives' copies; :mod:`lightning_memplan.core.fsdp_memory`); 0 without FSDP.
     fsdp_buffers: int = 0
 
 
@@ -181,7 +181,7 @@ class Forecast:
     #: The step's allocations and frees in order (the forecast's timeline, storage by storage);
     #: ``None`` when a region's estimate has no per-storage detail.
     allocations: StepAllocations | None = field(default=None, repr=False)
-    #: What the CUDA caching allocator reports for this step (:mod:`lightning_memplan.allocations`),
+    #: What the CUDA caching allocator reports for this step (:mod:`lightning_memplan.forecasting.allocations`),
     #: when the parameters are on CUDA; ``None`` otherwise.
     cuda_allocator: AllocatorForecast | None = None
     #: The eager losses laid in by :meth:`with_eager_loss` (bytes measured on a real step), one per
@@ -295,11 +295,11 @@ class Forecast:
     def with_eager_loss(self, loss: EagerLoss | Sequence[EagerLoss]) -> Forecast:
         """This forecast with the eager code between the forward and the backward laid in (the
         loss ``training_step`` computes on the outputs, metrics, logging; measured once:
-        :func:`~lightning_memplan.eager_loss.measure_eager_losses`) around the end of each call
-        (:func:`~lightning_memplan.eager_loss.eager_loss_events`); the outputs' gradients live in
+        :func:`~lightning_memplan.forecasting.eager_loss.measure_eager_losses`) around the end of each call
+        (:func:`~lightning_memplan.forecasting.eager_loss.eager_loss_events`); the outputs' gradients live in
         the call's last region's backward until its last read of its incoming gradient (FX plans;
         under inductor the stand-in loss's realized gradient already holds those bytes).
-        ``loss``: one :class:`~lightning_memplan.eager_loss.EagerLoss`, or one per call when the
+        ``loss``: one :class:`~lightning_memplan.forecasting.eager_loss.EagerLoss`, or one per call when the
         forecast is laid out for several (:meth:`repeated`). The timeline, peak and breakdown are
         laid out again (nothing is compiled); the allocation stream and the CUDA allocator model
         are not (``None``; on CUDA the peak is the requested one).
@@ -455,32 +455,12 @@ class Forecast:
 
 
 # --------------------------------------------------------------------------- helpers
-def _unique_storages(tensors: Sequence[torch.Tensor], seen: set[int]) -> list[tuple[int, str]]:
-    """(bytes, device type) of each storage not in ``seen`` (which it extends), in order; of a
-    DTensor (FSDP2's sharded parameters, their gradients), this rank's local shard."""
-    out: list[tuple[int, str]] = []
-    for t in map(_compat.local_tensor, tensors):  # a DTensor: this rank's shard
-        key = _compat.storage_key(t)
-        if key not in seen:
-            seen.add(key)
-            out.append((int(t.untyped_storage().nbytes()), t.device.type))
-    return out
-
-
-def _fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with a new code object, so dynamo's per-code cache (and recompile limit) starts empty."""
-    code = fn.__code__.replace()
-    fresh = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    fresh.__kwdefaults__ = fn.__kwdefaults__
-    return fresh
-
-
 def _make_loss(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None) -> Callable[..., torch.Tensor]:
     def memplan_loss(*inputs: Any) -> torch.Tensor:
         out = model(*inputs)
         return loss_fn(out) if loss_fn is not None else out.sum()
 
-    return _fresh_function(memplan_loss)
+    return fresh_function(memplan_loss)
 
 
 @contextlib.contextmanager
@@ -709,7 +689,7 @@ def _fsdp_overlay(fsdp: _compat.Fsdp2Units, plans: list[_Plan], executions: Sequ
 
 def _run_early(plans: Sequence[_Plan], executions: Sequence[int],
                early: Mapping[tuple[int, int], int]) -> dict[int, dict[int, int]]:
-    """The backend's :attr:`~lightning_memplan.compile.MemplanBackend.early_frees` (keyed by
+    """The backend's :attr:`~lightning_memplan.forecasting.backend.MemplanBackend.early_frees` (keyed by
     positions in ``executions``) by position in :func:`_executed`'s run: consumer -> {producer: bytes}."""
     indices = {p.index for p in plans}
     run_pos: dict[int, int] = {}
@@ -801,8 +781,8 @@ def _layout(
     backward.
 
     ``overlay``: allocations and frees of others at points of the step (FSDP's buffers,
-    :func:`~lightning_memplan.fsdp_memory.fsdp_step_events`; the eager loss,
-    :func:`~lightning_memplan.eager_loss.eager_loss_events`): ``("fw" | "bw", j, "before" |
+    :func:`~lightning_memplan.core.fsdp_memory.fsdp_step_events`; the eager loss,
+    :func:`~lightning_memplan.forecasting.eager_loss.eager_loss_events`): ``("fw" | "bw", j, "before" |
     "after")`` position ``j``'s forward or backward; each event is a step of its own, counted as
     FSDP buffers or, category ``"gradients"``, as gradients (``zero_grad`` frees them), or,
     category ``"activations"``, as activations.
@@ -1051,7 +1031,7 @@ def forecast(
         budget: activation memory budget in [0, 1].
         solver: ``"greedy"``, ``"dp"``, ``"hirschberg"``, ``"ilp"`` or a callable with torch's solver
             signature ``(memory, runtimes, max_memory) -> (value, saved_idx, recomputed_idx)``;
-            or ``"remat"``: whole-graph rematerialization at ``budget`` (:mod:`lightning_memplan.remat`).
+            or ``"remat"``: whole-graph rematerialization at ``budget`` (:mod:`lightning_memplan.core.remat`).
         backend: ``"inductor"`` or ``"aot_eager_decomp_partition"`` (alias ``"aot_eager"``).
         loss_fn: ``output -> scalar``; default ``output.sum()``.
         optimizer: stepped (and ``zero_grad(set_to_none=True)``) at the end of each ``step()``.
@@ -1099,17 +1079,17 @@ def _assemble(
     ``executions``: the region indices the compiling run called, in order (a region called several
     times is laid out once per call); empty: each region once, in compile order. ``fsdp``: the
     model's FSDP2 units; ``owners`` (aligned with ``executions``): the unit each call ran in. Their
-    buffers are laid into the timeline (:func:`~lightning_memplan.fsdp_memory.fsdp_step_events`).
+    buffers are laid into the timeline (:func:`~lightning_memplan.core.fsdp_memory.fsdp_step_events`).
     ``early``: the compiling run's outputs that a later call's backward held last
-    (:attr:`~lightning_memplan.compile.MemplanBackend.early_frees`; see :func:`_layout`).
+    (:attr:`~lightning_memplan.forecasting.backend.MemplanBackend.early_frees`; see :func:`_layout`).
     """
     t1 = time.perf_counter()
     problems: list[str] = [f"region {r.index}: {e}" for r in be_regions for e in r.errors]
     seen: set[int] = set()
     storages = {
-        "parameters": _unique_storages(params, seen),
-        "buffers": _unique_storages(list(model.buffers()), seen),
-        "inputs": _unique_storages(list(inputs), seen),
+        "parameters": _compat.unique_storages(params, seen),
+        "buffers": _compat.unique_storages(list(model.buffers()), seen),
+        "inputs": _compat.unique_storages(list(inputs), seen),
     }
     baseline = {k: sum(n for n, _ in v) for k, v in storages.items()}
     if opt_mem is None and optimizer is not None:
@@ -1240,7 +1220,7 @@ def forecast_grid(
     ``model.named_modules()``) is emulated on the same joint graph: the forward nodes traced inside
     those blocks are tagged as ``torch.utils.checkpoint`` tags them under ``torch.compile``, so the
     partitioner recomputes them. Each forecast equals :func:`forecast` (``aot_eager``) of the model
-    with those blocks wrapped by :func:`lightning_memplan.checkpointing.checkpointed` (tested on
+    with those blocks wrapped by :func:`lightning_memplan.planner.checkpointing.checkpointed` (tested on
     residual MLP and transformer blocks). Only the plan compiled to run, ``run`` (default
     ``((), budgets[0])``), trains; the compiling forward and backward run that plan, so naming the
     most frugal one (e.g. every block checkpointed) keeps the search's one real step small when the
@@ -1248,7 +1228,7 @@ def forecast_grid(
     ``"failed"`` forecast saying so.
 
     ``remat_budgets`` adds whole-graph rematerialization plans (solver ``"remat"``, see
-    :mod:`lightning_memplan.remat`) partitioned on the same joint graph, under the keys
+    :mod:`lightning_memplan.core.remat`) partitioned on the same joint graph, under the keys
     ``("remat", budget)``; each equals :func:`forecast` with ``solver="remat"`` at that budget.
 
     Returns ``{(checkpoint_set, budget): Forecast}``, sets in the order given, then budgets, then
@@ -1287,7 +1267,7 @@ def _grid(
         raise ValueError(f"`{call}(solver='remat')`: the grid's budgets and checkpoint sets are knapsack plans; "
                          "give a knapsack solver and the remat budgets as `remat_budgets=...`.")
     inputs = _check_args(model, example_inputs, loss_fn, optimizer)
-    from lightning_memplan.compile import _check_checkpoint_sets
+    from lightning_memplan.forecasting.backend import _check_checkpoint_sets
 
     emulated = _check_checkpoint_sets(checkpoint_sets, model, call)
     sets = tuple(dict.fromkeys(tuple(s) for s in checkpoint_sets))
