@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from lightning_memplan._native_io import silence_native_output
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.profiler import kineto_memory_events
 from lightning_memplan.core.peaks import running_peak
 
 __all__ = ["PeakWindow", "measure_peak"]
@@ -85,7 +85,7 @@ class PeakWindow:
         with silence_native_output():  # kineto's USDT stop line
             self._prof.__exit__(exc_type, exc, tb)
         if exc_type is None:
-            self.peak_bytes = running_peak([d for _, d in _compat.kineto_memory_events(self._prof)])
+            self.peak_bytes = running_peak([d for _, d in kineto_memory_events(self._prof)])
             self.requested_peak_bytes = self.peak_bytes
 
 

@@ -25,7 +25,10 @@ KNEE_HEADERS = [
 
 def knee_rows(sizes: list[int], seed: int = 0) -> list[list[str]]:
     """One row per size: both knees, their times and their distances on the exact frontier."""
-    from lightning_memplan._torch.compat import torch_knapsack_solvers, torch_knee_tools
+    from lightning_memplan._torch.partitioner import (
+        torch_knapsack_solvers,
+        torch_knee_tools,
+    )
 
     GraphInfoProvider, KnapsackEvaluator = torch_knee_tools()  # noqa: N806 - torch's class names
     torch_dp = torch_knapsack_solvers()["dp"]

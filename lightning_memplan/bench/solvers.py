@@ -50,7 +50,7 @@ def make_instance(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _torch_solvers() -> dict[str, _Solver]:
-    from lightning_memplan._torch.compat import torch_knapsack_solvers
+    from lightning_memplan._torch.partitioner import torch_knapsack_solvers
 
     return torch_knapsack_solvers()
 
@@ -236,7 +236,7 @@ SOLVER_HEADERS = [
 
 def frontier_rows(n: int, seed: int, budgets: int = 100) -> list[list[str]]:
     """One ``pareto_frontier`` pass vs ``budgets`` separate torch ``dp_knapsack`` solves."""
-    from lightning_memplan._torch.compat import torch_knapsack_solvers
+    from lightning_memplan._torch.partitioner import torch_knapsack_solvers
 
     torch_dp = torch_knapsack_solvers()["dp"]
 

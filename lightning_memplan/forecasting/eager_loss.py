@@ -26,7 +26,12 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.storages import (
+    local_tensor,
+    storage_key,
+    storage_weakref,
+    tree_leaves,
+)
 from lightning_memplan.measure import PeakWindow
 
 __all__ = ["CallOutputs", "EagerCalls", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss",
@@ -189,14 +194,14 @@ class NotedOutputs:
 
         from torch.autograd.graph import get_gradient_edge
 
-        leaves = [t for t in _compat.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        storages = {_compat.storage_key(t): t for t in leaves}
+        leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        storages = {storage_key(t): t for t in leaves}
         grad = [t for t in leaves if t.requires_grad]
         return cls(edges=[get_gradient_edge(t) for t in grad],
-                   storages=[(_compat.storage_weakref(t), int(t.untyped_storage().nbytes()))
+                   storages=[(storage_weakref(t), int(t.untyped_storage().nbytes()))
                              for t in storages.values()],
                    refs=[weakref.ref(t) for t in leaves],
-                   edge_keys=[_compat.storage_key(t) for t in grad],
+                   edge_keys=[storage_key(t) for t in grad],
                    edge_bytes=[int(t.untyped_storage().nbytes()) for t in grad])
 
     def now(self) -> CallOutputs:
@@ -249,7 +254,7 @@ class EagerCalls:
         edges, self._region_edges = self._region_edges, set()
         note, self._tentative = self._tentative, None
         if note is not None and note.edges:
-            grads = [t for t in _compat.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+            grads = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             if any((id(e.node), e.output_nr) not in edges for e in map(get_gradient_edge, grads)):
                 self._append(note)
                 return
@@ -368,7 +373,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
     # per call: output storages a later compiled region takes as its input (in the forecast already)
     held = [{k: b for e, k, b in zip(c.edges, c.edge_keys, c.edge_bytes) if (id(e.node), e.output_nr) in inner}
             for c in calls]
-    excluded = {_compat.storage_key(t) for t in exclude}.union(
+    excluded = {storage_key(t) for t in exclude}.union(
         *({k for k in h if k in c.live_outputs} for h, c in zip(held, calls)))
     last = len(calls) - 1
     planned = {id(p) for p in forecast_params}
@@ -380,16 +385,16 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
         owner = max(reach[key], default=last)
         variable = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf's gradient
         if isinstance(variable, torch.Tensor) and variable.requires_grad and id(variable) not in planned:
-            local = _compat.local_tensor(variable)
+            local = local_tensor(variable)
             param_grads[owner] += int(local.numel() * local.element_size())
         for t in _saved_tensors(node):
-            s = _compat.storage_key(t)
+            s = storage_key(t)
             if s not in excluded:
                 kept.setdefault(s, (owner, int(t.untyped_storage().nbytes())))
     for c, call in enumerate(calls):
         for t in call.alive:
-            if _compat.storage_key(t) not in excluded:
-                kept.setdefault(_compat.storage_key(t), (c, int(t.untyped_storage().nbytes())))
+            if storage_key(t) not in excluded:
+                kept.setdefault(storage_key(t), (c, int(t.untyped_storage().nbytes())))
     out: list[EagerLoss] = []
     for c, call in enumerate(calls):
         mine = {s: b for s, (owner, b) in kept.items() if owner == c}
@@ -399,7 +404,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
         if edges:
             with PeakWindow(device) as window:
                 grads = torch.autograd.grad(loss, edges, retain_graph=True, allow_unused=True)
-            grad_bytes = sum({_compat.storage_key(g): int(g.untyped_storage().nbytes()) for g in grads
+            grad_bytes = sum({storage_key(g): int(g.untyped_storage().nbytes()) for g in grads
                               if g is not None}.values())
             peak = int(window.peak_bytes)
             del grads

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from lightning_memplan._torch.compat import concrete_int, storage_key
+from lightning_memplan._torch.storages import concrete_int, storage_key
 from lightning_memplan.forecasting.allocations import AllocEvent
 
 __all__ = [

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.partitioner import flop_registry
+from lightning_memplan._torch.storages import tree_map
 
 __all__ = ["forward_nodes", "node_flops"]
 
@@ -25,7 +26,7 @@ def node_flops(node: fx.Node) -> int:
     mode. Needs no dispatch, so it works inside the partitioner's ``no_dispatch()``.
     """
     packet = getattr(node.target, "overloadpacket", None)
-    formula = _compat.flop_registry().get(packet) if packet is not None else None
+    formula = flop_registry().get(packet) if packet is not None else None
     if formula is None:
         return 1
 
@@ -33,7 +34,7 @@ def node_flops(node: fx.Node) -> int:
         return a.meta.get("val") if isinstance(a, fx.Node) else a
 
     try:
-        args, kwargs = _compat.tree_map(unwrap, (node.args, node.kwargs))
+        args, kwargs = tree_map(unwrap, (node.args, node.kwargs))
         return max(int(formula(*args, **kwargs, out_val=node.meta.get("val"))), 1)
     except Exception:  # noqa: BLE001 - an unusual signature must not break the partitioner
         return 1

@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.optim import default_fused_or_foreach
+from lightning_memplan._torch.storages import (
+    dispatch_mode_base,
+    local_tensor,
+    storage_key,
+    storage_weak_ref,
+    tree_leaves,
+)
 from lightning_memplan.forecasting.allocations import AllocEvent
 
 __all__ = ["OptimizerMemory", "optimizer_memory"]
@@ -45,7 +52,7 @@ class OptimizerMemory:
 
 @functools.lru_cache(maxsize=None)
 def _tracker_class() -> type:
-    base = _compat.dispatch_mode_base()
+    base = dispatch_mode_base()
 
     class _AllocTracker(base):  # type: ignore[misc, valid-type]
         """Counts bytes of storages created by ops inside it, until each storage dies."""
@@ -69,18 +76,18 @@ def _tracker_class() -> type:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             self._sweep()
-            seen = {_compat.storage_key(t) for t in _compat.tree_leaves((args, kwargs))
+            seen = {storage_key(t) for t in tree_leaves((args, kwargs))
                     if isinstance(t, torch.Tensor)}
             out = func(*args, **(kwargs or {}))
-            for t in _compat.tree_leaves(out):
+            for t in tree_leaves(out):
                 if not isinstance(t, torch.Tensor):
                     continue
-                key = _compat.storage_key(t)
+                key = storage_key(t)
                 if key in seen or key in self._live:
                     continue
                 st = t.untyped_storage()
                 nbytes = int(st.nbytes())
-                self._live[key] = (_compat.storage_weak_ref(st), nbytes, t.device.type)
+                self._live[key] = (storage_weak_ref(st), nbytes, t.device.type)
                 self.current += nbytes
                 self.events.append(AllocEvent("alloc", key, nbytes, t.device.type))
             self.peak = max(self.peak, self.current)
@@ -93,18 +100,18 @@ def _unique_storages(tensors: list[torch.Tensor], meta_device: str) -> tuple[tup
     """(bytes, device type) of each distinct storage, in first-seen order; ``meta`` read as
     ``meta_device``; of a DTensor, this rank's local shard."""
     seen: dict[int, tuple[int, str]] = {}
-    for t in map(_compat.local_tensor, tensors):
+    for t in map(local_tensor, tensors):
         dev = meta_device if t.device.type == "meta" else t.device.type
-        seen.setdefault(_compat.storage_key(t), (int(t.untyped_storage().nbytes()), dev))
+        seen.setdefault(storage_key(t), (int(t.untyped_storage().nbytes()), dev))
     return tuple(seen.values())
 
 
 def _state_tensors(state: Any) -> list[torch.Tensor]:
-    return [t for s in state.values() for t in _compat.tree_leaves(s) if isinstance(t, torch.Tensor)]
+    return [t for s in state.values() for t in tree_leaves(s) if isinstance(t, torch.Tensor)]
 
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
-    t = _compat.local_tensor(t)  # a DTensor's state: this rank's shard
+    t = local_tensor(t)  # a DTensor's state: this rank's shard
     # CPU scalars (Adam's non-capturable `step`) stay real: the step reads them with .item()
     if t.device.type == "cpu" and t.dim() == 0:
         return t.detach().clone()
@@ -124,9 +131,9 @@ def optimizer_memory(optimizer: torch.optim.Optimizer, *, gradless: Collection[i
     existing = _state_tensors(optimizer.state)
     has_state = len(optimizer.state) > 0
     try:
-        fused, foreach = _compat.default_fused_or_foreach(params)
+        fused, foreach = default_fused_or_foreach(params)
         # sharded parameters (DTensors) are stepped shard by shard: simulate this rank's shards
-        meta = {id(p): torch.nn.Parameter(torch.empty_like(_compat.local_tensor(p), device="meta"),
+        meta = {id(p): torch.nn.Parameter(torch.empty_like(local_tensor(p), device="meta"),
                                           requires_grad=p.requires_grad)
                 for p in params}
         groups = []

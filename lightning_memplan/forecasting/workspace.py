@@ -24,7 +24,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.storages import (
+    concrete_int,
+    storage_key,
+    tree_leaves,
+    tree_map,
+)
 from lightning_memplan.measure import PeakWindow
 
 __all__ = ["LOW_PRECISION_CPU_MATMULS", "PROBED_OPS", "probe_workspace"]
@@ -76,14 +81,14 @@ def _real(value: object) -> object:
 
 
 def _run_probe(target: Any, args: Any, kwargs: Any) -> int:
-    real_args, real_kwargs = _compat.tree_map(_real, (args, kwargs))
+    real_args, real_kwargs = tree_map(_real, (args, kwargs))
     outs: list[Any] = []
-    device = next((t.device for t in _compat.tree_leaves((real_args, real_kwargs))
+    device = next((t.device for t in tree_leaves((real_args, real_kwargs))
                    if isinstance(t, torch.Tensor)), torch.device("cpu"))
     with torch.no_grad(), PeakWindow(device) as window:
         outs.append(target(*real_args, **real_kwargs))
-    out_bytes = sum({_compat.storage_key(t): int(t.untyped_storage().nbytes())
-                     for t in _compat.tree_leaves(outs) if isinstance(t, torch.Tensor)}.values())
+    out_bytes = sum({storage_key(t): int(t.untyped_storage().nbytes())
+                     for t in tree_leaves(outs) if isinstance(t, torch.Tensor)}.values())
     return max(window.peak_bytes - out_bytes, 0)
 
 
@@ -105,7 +110,7 @@ def _mixed_dtypes(inputs: Any, out: torch.Tensor | None) -> bool:
     (non-boolean) output's: on CPU, TensorIterator then copies each input not of the common dtype
     into a temporary of that dtype (a ``bool`` dropout mask times a float32 activation: a float32
     copy of the mask, as large as the activation). On CUDA the kernel casts as it reads."""
-    dtypes = {t.dtype for t in _compat.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+    dtypes = {t.dtype for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
     if len(dtypes) > 1:
         return True
     return out is not None and out.dtype != torch.bool and bool(dtypes) and dtypes != {out.dtype}
@@ -145,7 +150,7 @@ def _rng_wrapped(node: fx.Node) -> tuple[Any, tuple[Any, ...], int] | None:
         # the CPU generator's state (a CUDA generator's is 16 B, in host memory)
         on_cpu = isinstance(state, torch.Tensor) and all(
             t.device.type == "cpu" for t in ins if isinstance(t, torch.Tensor))
-        saved = _compat.concrete_int(state.untyped_storage().nbytes()) if on_cpu else 0
+        saved = concrete_int(state.untyped_storage().nbytes()) if on_cpu else 0
         return node.args[1], tuple(node.args[2:]), saved
     return None
 
@@ -165,9 +170,9 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
         wrapped = _rng_wrapped(node)
         if wrapped is not None:
             (target, args, extra), kwargs = wrapped, {}
-            args, kwargs = _compat.tree_map(unwrap, (args, kwargs))
+            args, kwargs = tree_map(unwrap, (args, kwargs))
         # the device and dtype of the op's outputs (of its inputs, for a wrapped op)
-        vals = _compat.tree_leaves(node.meta.get("val") if wrapped is None else args)
+        vals = tree_leaves(node.meta.get("val") if wrapped is None else args)
         first = next((v for v in vals if isinstance(v, torch.Tensor)), None)
         device = first.device.type if first is not None else "cpu"
         mixed = (every_op and device == "cpu" and wrapped is None
@@ -176,7 +181,7 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
         if not _probed(target, every_op, device, first.dtype if first is not None else None, mixed):
             return extra
         if wrapped is None:
-            args, kwargs = _compat.tree_map(unwrap, (args, kwargs))
+            args, kwargs = tree_map(unwrap, (args, kwargs))
         key = (target, _signature(args), _signature(kwargs))
         return extra + _probe_cached(target, _Frozen((args, kwargs), key))
     except Exception:  # noqa: BLE001 - an unprobeable op counts no workspace

@@ -55,7 +55,7 @@ def compiled_by_user(lightning_module: nn.Module, target: nn.Module) -> UserComp
     planned ``target`` (an ``OptimizedModule``: ``torch.compile(net)``), undone by ``patches``: the
     LightningModule's original methods, and the wrapper's ``forward`` calling the module it wraps
     uncompiled (hooks included). ``module`` is the one to plan and compile."""
-    from lightning_memplan._torch.compat import require
+    from lightning_memplan._torch.version import require
 
     try:
         optimized_module: Any = require("torch._dynamo.eval_frame", "OptimizedModule")

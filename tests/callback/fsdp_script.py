@@ -22,7 +22,7 @@ from torch import nn  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
-from lightning_memplan._torch.compat import fsdp2_units  # noqa: E402
+from lightning_memplan._torch.fsdp import fsdp2_units  # noqa: E402
 from lightning_memplan.callback.memplan_callback import MemPlanWarning  # noqa: E402
 
 

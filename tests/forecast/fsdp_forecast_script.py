@@ -47,7 +47,7 @@ def run(rank: int, out_dir: str, port: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from lightning_memplan import forecast, measure_peak
-    from lightning_memplan._torch.compat import fsdp2_units
+    from lightning_memplan._torch.fsdp import fsdp2_units
     from lightning_memplan.planner.checkpointing import checkpointed
 
     torch.manual_seed(0)

@@ -195,7 +195,7 @@ def test_old_torch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_private_symbol_is_named() -> None:
-    from lightning_memplan._torch.compat import require
+    from lightning_memplan._torch.version import require
 
     with pytest.raises(RuntimeError, match=r"needs `torch\._inductor\.memory\.no_such_thing`.*Supported: torch >= 2\.11"):
         require("torch._inductor.memory", "no_such_thing")

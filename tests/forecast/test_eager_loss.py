@@ -9,7 +9,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from lightning_memplan import forecast
-from lightning_memplan._torch.compat import storage_key
+from lightning_memplan._torch.storages import storage_key
 from lightning_memplan.forecasting.eager_loss import (
     EagerLoss,
     NotedOutputs,

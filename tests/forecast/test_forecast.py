@@ -103,7 +103,7 @@ def test_lower_budget_forecasts_fewer_saved_bytes(mlp_forecasts: dict[float, For
 
 
 def test_peers_are_reported(mlp_forecasts: dict[float, Forecast]) -> None:
-    from lightning_memplan._torch import compat as _compat
+    from lightning_memplan._torch.inductor import torch_fx_peak_estimate
 
     fc = mlp_forecasts[0.5]
     region = fc.regions[0]
@@ -111,7 +111,7 @@ def test_peers_are_reported(mlp_forecasts: dict[float, Forecast]) -> None:
     assert "torch_fx_peak_bytes" not in vars(region) and "torch_fx_estimate_bytes" not in vars(fc)
     assert fc.torch_fx_estimate_bytes is not None and fc.torch_fx_estimate_bytes > 0
     capture = fc._backend.regions[0]
-    assert region.torch_fx_peak_bytes == _compat.torch_fx_peak_estimate(capture.fw_graph.graph, capture.bw_graph.graph)
+    assert region.torch_fx_peak_bytes == torch_fx_peak_estimate(capture.fw_graph.graph, capture.bw_graph.graph)
     assert fc.torch_fx_estimate_bytes == region.torch_fx_peak_bytes  # one region
     assert fc.solver_estimate_bytes is not None and 0 < fc.solver_estimate_bytes < fc.peak_bytes
 

@@ -1,0 +1,76 @@
+"""``torch.compile`` and dynamo: compile options, dynamo's settings, lazily generated graph modules.
+
+Every function reads torch when called. A missing optional setting gives its default (``{}``, 8,
+True, a plain ``GraphModule``), never an error; :func:`force_disable_caches_patch` raises the
+:class:`RuntimeError` of :func:`~lightning_memplan._torch.version.require` when
+``torch.compiler.config`` is missing, and its patch is restored on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from lightning_memplan._torch.version import require
+
+__all__ = [
+    "dynamo_allows_rnn",
+    "force_disable_caches_patch",
+    "isolated_compile_kwargs",
+    "lazy_graph_module",
+    "recompile_limit",
+]
+
+
+def isolated_compile_kwargs() -> dict[str, Any]:
+    """``{"isolate_recompiles": True}`` where ``torch.compile`` takes it (torch >= 2.13), else ``{}``.
+
+    Every forecast compiles the model's code again with a new backend. Frames dynamo compiles on
+    their own (the code after a graph break, an FSDP unit's forward) keep their entries from every
+    earlier forecast, so after a few forecasts of one model they hit ``recompile_limit`` (8) and run
+    uncompiled, unseen by the forecast. Isolated, each compile call keeps its own entries.
+    """
+    import inspect
+
+    try:
+        supported = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+        return {"isolate_recompiles": True} if supported else {}
+    except (TypeError, ValueError):
+        return {}
+
+
+def recompile_limit() -> int:
+    """dynamo's per-code-object limit of compiled graphs (``recompile_limit``; ``cache_size_limit``
+    before torch 2.6); 8, its default, if neither is readable."""
+    try:
+        import torch._dynamo.config as config
+
+        return int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
+    except Exception:  # noqa: BLE001
+        return 8
+
+
+def dynamo_allows_rnn() -> bool:
+    """Whether dynamo compiles ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (``torch._dynamo.config.allow_rnn``)."""
+    return bool(getattr(torch._dynamo.config, "allow_rnn", True))
+
+
+def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A ``GraphModule`` of ``graph`` whose Python code is generated only when first needed
+    (``torch.fx._lazy_graph_module._LazyGraphModule``, as dynamo makes them), else a plain one.
+
+    The partitioner builds and rewrites graph modules it never calls; generating each one's code
+    (``GraphModule.recompile``) was a tenth of a plan search's time.
+    """
+    try:
+        cls = require("torch.fx._lazy_graph_module", "_LazyGraphModule")
+    except RuntimeError:
+        cls = torch.fx.GraphModule
+    return cls(root, graph)
+
+
+def force_disable_caches_patch() -> contextlib.AbstractContextManager[Any]:
+    """``torch.compiler.config.patch(force_disable_caches=True)`` (scoped; restored on exit)."""
+    cfg = require("torch.compiler", "config")
+    return cfg.patch(force_disable_caches=True)
