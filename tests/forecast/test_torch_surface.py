@@ -1,0 +1,106 @@
+"""The surface of :mod:`lightning_memplan._torch`: each module's ``__all__`` is accurate. Every name
+in it exists and is defined or imported there, every name another module takes from it is listed,
+and every listed name is taken by another module (package, tests, benchmarks, examples)."""
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCH_DIR = ROOT / "lightning_memplan" / "_torch"
+PREFIX = "lightning_memplan._torch"
+#: The ``_torch`` modules by their short name (``storages``), ``__init__`` left out.
+MODULES = sorted(p.stem for p in TORCH_DIR.glob("*.py") if p.stem != "__init__")
+#: Where the names are used.
+SOURCES = [ROOT / "lightning_memplan", ROOT / "tests", ROOT / "benchmarks", ROOT / "examples"]
+
+
+def _declared_all(path: Path) -> list[str]:
+    """The literal ``__all__`` of ``path`` (a module without one fails)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise AssertionError(f"{path.name}: no literal __all__")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """Names bound at the top level of ``path``: functions, classes, assignments, imports."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _uses(path: Path) -> Iterator[tuple[str, str]]:
+    """``(module, name)`` for each name ``path`` takes from a ``_torch`` module: ``from
+    lightning_memplan._torch.m import name``, or ``alias.name`` where ``alias`` is the module
+    (``from lightning_memplan._torch import m as alias``, ``import lightning_memplan._torch.m as alias``)."""
+    tree = ast.parse(path.read_text())
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PREFIX + "."):
+            for a in node.names:
+                yield node.module.removeprefix(PREFIX + "."), a.name
+        elif isinstance(node, ast.ImportFrom) and node.module == PREFIX:
+            aliases |= {a.asname or a.name: a.name for a in node.names if a.name in MODULES}
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith(PREFIX + "."):
+                    aliases[a.asname or a.name] = a.name.removeprefix(PREFIX + ".")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = ast.unparse(node.value)
+            if owner in aliases:
+                yield aliases[owner], node.attr
+
+
+def _uses_by_module() -> dict[str, set[str]]:
+    """The names other files take from each ``_torch`` module (a module's own file left out)."""
+    used: dict[str, set[str]] = {m: set() for m in MODULES}
+    for source in SOURCES:
+        for path in source.rglob("*.py"):
+            for module, name in _uses(path):
+                if module in used and path != TORCH_DIR / f"{module}.py":
+                    used[module].add(name)
+    return used
+
+
+def test_the_torch_layer_has_modules_and_the_uses_are_found() -> None:
+    # guards the tests below against scanning nothing
+    assert {"version", "storages", "partitioner", "inductor", "fsdp"} <= set(MODULES)
+    assert "storage_key" in _uses_by_module()["storages"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_listed_name_exists_and_is_defined_or_imported_there(module: str) -> None:
+    path = TORCH_DIR / f"{module}.py"
+    declared = _declared_all(path)
+    assert declared, f"{module}: empty __all__"
+    assert len(declared) == len(set(declared)), f"{module}: __all__ lists a name twice"
+    mod = importlib.import_module(f"{PREFIX}.{module}")
+    assert list(mod.__all__) == declared
+    assert [n for n in declared if not hasattr(mod, n)] == []
+    assert sorted(set(declared) - _top_level_names(path)) == []
+
+
+def test_other_modules_take_only_listed_names() -> None:
+    used = _uses_by_module()
+    unlisted = sorted(f"{m}.{n}" for m in MODULES for n in used[m] - set(_declared_all(TORCH_DIR / f"{m}.py")))
+    assert unlisted == [], f"taken from a _torch module but not in its __all__: {unlisted}"
+
+
+def test_every_listed_name_is_taken_by_another_module() -> None:
+    used = _uses_by_module()
+    unused = sorted(f"{m}.{n}" for m in MODULES for n in set(_declared_all(TORCH_DIR / f"{m}.py")) - used[m])
+    assert unused == [], f"in a _torch module's __all__ but used nowhere else: {unused}"
