@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.utils import _pytree
 
 from lightning_memplan._torch.version import require
 
@@ -66,11 +67,13 @@ def unique_storages(tensors: Sequence[torch.Tensor], seen: set[int]) -> list[tup
 
 
 def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
-    return require("torch.utils._pytree", "tree_map")(fn, tree)
+    return _pytree.tree_map(fn, tree)
 
 
 def tree_leaves(tree: Any) -> list[Any]:
-    return list(require("torch.utils._pytree", "tree_leaves")(tree))
+    """The leaves of ``tree``; traceable by dynamo (a default loss inside a compiled function calls
+    it: no import happens at call time, so it adds no graph break)."""
+    return list(_pytree.tree_leaves(tree))
 
 
 def concrete_int(value: Any) -> int:
