@@ -43,7 +43,7 @@ from lightning.pytorch import LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-import lightning_memplan.callback.memplan_callback as callback_mod  # noqa: E402
+import lightning_memplan.callback.first_batch as callback_mod  # noqa: E402
 from lightning_memplan import MemPlanCallback  # noqa: E402
 
 MiB = 2**20

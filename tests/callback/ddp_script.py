@@ -45,7 +45,7 @@ def main(out_dir: str, kind: str = "auto") -> None:
         "planned": cb.plan.predicted_peak_bytes if cb.plan else None,
         "rows": [[sig[0][0][0] if sig else None for sig in epoch] for epoch in cb.measured_shapes],
         # the forecast for each measured batch's shapes (the plan's at the planned shapes)
-        "forecasts": [[cb.plan.predicted_peak_bytes if sig == cb._planned_sig else cb.shape_forecasts.get(sig)
+        "forecasts": [[cb.plan.predicted_peak_bytes if sig == cb.planned_signature else cb.shape_forecasts.get(sig)
                        for sig in epoch] for epoch in cb.measured_shapes] if cb.plan else [],
     }))
 

@@ -581,7 +581,7 @@ def test_batches_of_other_shapes_are_forecast_at_their_own_shapes(tmp_path: Path
     rows = {sig[0][0][0]: peak for sig, peak in cb.shape_forecasts.items()}
     assert rows[192] > planned > rows[64], (rows, planned)
     # every measured batch against the forecast at its own shapes
-    judged = [(peak, planned if sig == cb._planned_sig else cb.shape_forecasts[sig])
+    judged = [(peak, planned if sig == cb.planned_signature else cb.shape_forecasts[sig])
               for peaks, sigs in zip(cb.measured, cb.measured_shapes) for peak, sig in zip(peaks, sigs)]
     assert len(judged) >= 6 and all(abs(pred - peak) / peak < 0.01 for peak, pred in judged), judged
     logged = [r for r in _metrics(trainer) if r.get("memplan/prediction_error")]
@@ -603,7 +603,7 @@ def test_a_longer_batch_forecast_over_max_memory_makes_the_search_run_at_its_sha
                                             r"Searching the plans again at \[1024, 128\]"):
         trainer.fit(VaryingWide())
     assert "re-planned at inputs [1024, 128] over max_memory" in cb.plan.reason
-    assert cb._planned_sig[0][0] == (1024, 128)
+    assert cb.planned_signature[0][0] == (1024, 128)
     assert cb.plan.baseline_bytes + cb.plan.predicted_peak_bytes <= limit
     long = [peak for peaks, sigs in zip(cb.measured, cb.measured_shapes) for peak, sig in zip(peaks, sigs)
             if sig[0][0][0] == 1024]
@@ -796,13 +796,13 @@ def test_the_loss_computed_on_the_outputs_is_measured_and_forecast(tmp_path: Pat
     cross_entropy eagerly on 2 MB of logits. Unmeasured, the forecast misses that (more than 20%
     low here; -56.6% on benchmarks/eager_loss.py's vocabulary of 8,000). Now it is measured on the
     first batch and laid in."""
-    import lightning_memplan.callback.memplan_callback as callback_mod
+    import lightning_memplan.callback.first_batch as first_batch_mod
 
     def unmeasured(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("not measured")
 
     with monkeypatch.context() as m:
-        m.setattr(callback_mod, "measure_eager_losses", unmeasured)
+        m.setattr(first_batch_mod, "measure_eager_losses", unmeasured)
         cb = MemPlanCallback(1.0, backend="aot_eager")
         trainer = _trainer(tmp_path, cb, epochs=1)
         trainer.fit(WideHead())
@@ -889,10 +889,10 @@ def test_eager_code_between_the_forward_and_the_backward_is_measured(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A metric's transient bytes after the forward are in the forecast. Unmeasured, the forecast
     was 84% low on the dogfood language model (torchmetrics accuracy over 8,000 classes)."""
-    from lightning_memplan.callback.memplan_callback import MemPlanCallback as Cb
+    from lightning_memplan.callback.first_batch import FirstBatchProfile
 
     with monkeypatch.context() as m:
-        m.setattr(Cb, "_close_eager_window", lambda self: setattr(self, "_eager_window", None))
+        m.setattr(FirstBatchProfile, "close_window", lambda self: None)
         cb = MemPlanCallback(1.0, backend="aot_eager", measure_batches=2)
         trainer = _trainer(tmp_path, cb, epochs=1)
         trainer.fit(WideHeadAccuracy())
@@ -930,11 +930,13 @@ def test_inputs_training_step_makes_are_counted_in_the_step(tmp_path: Path,
     """``self(x.float() / 255)``: the forward's input is not in the batch, so it is not live before
     the step; it is forecast inside the step. Counted as baseline it was 3.6% low on a dogfood CNN
     (3.5 MB of float images out of 98 MB)."""
-    import lightning_memplan.callback.memplan_callback as callback_mod
+    import lightning_memplan.callback.first_batch as first_batch_mod
+    import lightning_memplan.callback.shapes as shapes_mod
 
     made = 64 * 256 * 4
     with monkeypatch.context() as m:
-        m.setattr(callback_mod, "made_input_bytes", lambda *a: 0)
+        m.setattr(first_batch_mod, "made_input_bytes", lambda *a: 0)
+        m.setattr(shapes_mod, "made_input_bytes", lambda *a: 0)
         cb = MemPlanCallback(1.0, backend="aot_eager", measure_batches=2)
         trainer = _trainer(tmp_path, cb, epochs=1)
         trainer.fit(BytesIn())
@@ -944,7 +946,7 @@ def test_inputs_training_step_makes_are_counted_in_the_step(tmp_path: Path,
     cb = MemPlanCallback(1.0, backend="aot_eager", measure_batches=2)
     trainer = _trainer(tmp_path, cb, epochs=1)
     trainer.fit(BytesIn())
-    assert cb._made_inputs == made and cb.plan.breakdown["inputs"] == 0
+    assert cb._fit.profile.made_inputs == made and cb.plan.breakdown["inputs"] == 0
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert float(row["memplan/predicted_peak_bytes"]) == before + made
     assert abs(float(row["memplan/prediction_error"])) < 0.001, row

@@ -1,0 +1,511 @@
+"""The plan in force during a fit: decided (rank 0's, shared), installed (blocks wrapped, forecast,
+compiled), judged again once the first batch showed the step, laid out for that step, and
+corrected at most once when a measured peak, or a batch of new shapes, goes over ``max_memory``.
+Every failure falls back to the user's module with a warning; none stops training.
+
+Bytes throughout; a plan's forecast is above the baseline (the bytes live before a step).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from lightning_memplan._torch.dynamo import isolated_compile_kwargs
+from lightning_memplan._torch.fsdp import fsdp_kinds
+from lightning_memplan.callback import reporter
+from lightning_memplan.callback.compile_watch import WatchedBackend, describe_shapes
+from lightning_memplan.callback.first_batch import FirstBatchProfile
+from lightning_memplan.callback.options import CallbackOptions
+from lightning_memplan.callback.phase import FitProgress
+from lightning_memplan.callback.recompiles import RecompileWatch
+from lightning_memplan.callback.shapes import ShapeCall, ShapeTracker
+from lightning_memplan.callback.strategy import decide_on_rank_zero, forward_has_collectives
+from lightning_memplan.callback.trainer_view import TrainerView
+from lightning_memplan.core.fresh_code import fresh_function
+from lightning_memplan.forecasting.eager_loss import EagerLoss
+from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
+from lightning_memplan.forecasting.step_forecast import Forecast
+from lightning_memplan.forecasting.unit_compile import UnitCompile
+from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.checkpointing import checkpointed
+from lightning_memplan.planner.search import replan_candidate
+from lightning_memplan.planner.step import (
+    PlanWarning,
+    TrainingLoop,
+    decide_plan,
+    forecast_plan,
+    gradless_parameters,
+    lay_out_step,
+    live_grad_bytes,
+    other_call_forecasts,
+    plan_solver,
+    rejudge_plan,
+    step_grad_bytes,
+    uncompiled_warnings,
+)
+from lightning_memplan.units import format_bytes
+
+__all__ = ["PlanController"]
+
+
+def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
+    """``type(module).forward`` with a new code object, bound to ``module``: dynamo's per-code cache
+    starts empty, so a new plan is never served an old compiled graph."""
+    return types.MethodType(fresh_function(type(module).forward), module)
+
+
+def _warn(message: str, stacklevel: int = 3) -> None:
+    warnings.warn(f"MemPlanCallback: {message}", PlanWarning, stacklevel=stacklevel + 1)
+
+
+class PlanController:
+    """The plan of one fit. ``restored``: the plan from a checkpoint, if any (used without
+    searching; asked for at the first training call, since Lightning loads the checkpoint after
+    ``setup``)."""
+
+    def __init__(self, options: CallbackOptions, view: TrainerView, *, module: nn.Module,
+                 forward: Callable[..., Any], profile: FirstBatchProfile, shapes: ShapeTracker,
+                 watch: RecompileWatch, progress: FitProgress, restored: Callable[[], MemPlan | None]) -> None:
+        self._o, self._s = options, options.settings
+        self._view, self._module, self._forward = view, module, forward
+        self._profile, self._shapes, self._watch, self._progress = profile, shapes, watch, progress
+        self._restored = restored
+        #: The plan in force (``None`` before the first training call, or after a fallback).
+        self.plan: MemPlan | None = None
+        #: The forecast of the plan in force, on ``backend`` (``None`` before or on failure).
+        self.forecast: Forecast | None = None
+        #: Why the callback fell back to the uncompiled module (``None`` while it did not).
+        self.fallback_reason: str | None = None
+        #: Seconds the decision took (search included) and the final compile + forecast took.
+        self.timings: dict[str, float] = {}
+        #: The compiled forward in force (``None``: the module runs as written).
+        self.active: Callable[..., Any] | None = None
+        #: The next call is the compiled forward's first (it compiles).
+        self.first_call = False
+        #: The arguments the plan is forecast and compiled at (dropped when no re-plan can follow).
+        self.example: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        #: A plan to install at the next training call (the forward runs collectives).
+        self.pending: MemPlan | None = None
+        self.collectives = False  # the planned module's forward runs collectives (FSDP, TP)
+        self.fsdp2 = False  # ... some FSDP2 units among them: their hooks are made inert to measure
+        self.measurable = True  # the eager code after the forward can be measured (not under FSDP1)
+        self._stack = contextlib.ExitStack()  # the plan's checkpointed blocks
+        self._kept: tuple[Any, ...] = ()  # the search's candidate forecasts, kept through the first batch
+        self._replanned = False
+
+    # ------------------------------------------------------------------ helpers
+    def loop(self) -> TrainingLoop:
+        return self._view.loop(self._profile.reached)
+
+    def _optimizer_memory(self) -> OptimizerMemory | None:
+        """The optimizer's memory without the parameters the step gives no gradient (``None`` when
+        every trainable parameter gets one, or there is no optimizer: the forecast's stands)."""
+        optimizer, reached = self._view.optimizer(), self._profile.reached
+        if optimizer is None or not reached:
+            return None
+        gradless = {id(p) for p in gradless_parameters(self._module, reached)}
+        return optimizer_memory(optimizer, gradless=gradless) if gradless else None
+
+    def may_replan(self) -> bool:
+        """Whether the closed loop may still re-plan (it needs the first batch's inputs)."""
+        return self._o.replan and self._s.max_memory is not None and not self._replanned
+
+    def end_first_batch(self, outputs: Any, submodule: str | None) -> None:
+        """The first batch ended (``training_step`` returned ``outputs``): without a training call
+        of the forward there is nothing to plan; else the step it showed judges the plan again
+        and lays out its forecast; warns when it ran several backward passes."""
+        p = self._profile
+        if self.plan is None and self.fallback_reason is None:
+            call = f"self.{submodule}(...)" if submodule else "self(...)"
+            self.fallback_reason = f"training_step never called the module itself (`{call}`)"
+            hint = "" if submodule else " If it calls a submodule (`self.model(x)`), pass `submodule=\"model\"`."
+            _warn(f"training_step did not call `{call}` in the first batch, so there is no forward to plan and "
+                  f"compile; training goes on uncompiled.{hint}")
+        p.finish(outputs, self._module)
+        if self.plan is not None and p.calls >= 1:
+            self.rejudge(p.calls)  # every rank: rank 0 decides with its measurement
+            self.lay_out_step()
+        if self.plan is not None and p.backwards > 1:
+            _warn(f"training_step ran {p.backwards} backward passes in one batch (manual optimization, e.g. a GAN's "
+                  "generator and discriminator steps). The forecast covers the planned forward's calls, the code on "
+                  "their outputs, one backward and one optimizer step; what runs after the first backward (another "
+                  "model's forward, backward and optimizer step) is not forecast, so the measured peak "
+                  "(memplan/measured_peak_bytes) can be higher than predicted. Plan the part that dominates memory "
+                  "(`submodule=`), or check memplan/prediction_error.")
+        self.forget_first_batch()
+
+    def forget_first_batch(self) -> None:
+        """The first batch ended: its candidates' forecasts, and its inputs unless a re-plan may follow."""
+        self._kept = ()
+        if not self.may_replan():
+            self.example = None
+            self._profile.other_calls = {}
+
+    def close(self) -> None:
+        """Unwrap the checkpointed blocks and drop the compiled forward (the fit ended)."""
+        self._stack.close()
+        self.active = None
+
+    # ------------------------------------------------------------------ decide and install
+    def activate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """At the first training call: decide the plan (rank 0's, broadcast) and install it. Never raises."""
+        self.example = (args, kwargs)
+        strategy = self._view.strategy
+        t0 = time.perf_counter()
+        try:
+            if strategy is None:
+                plan = self._decide()
+            else:  # FSDP / tensor parallel: the candidates' forecasts all-gather, every rank runs them
+                plan = decide_on_rank_zero(strategy, self._decide, all_ranks_run=forward_has_collectives(self._module))
+        except Exception as exc:  # noqa: BLE001 - planning failure: train unplanned
+            self.fall_back(f"planning failed: {exc!r}")
+            return
+        self.timings["decide_seconds"] = time.perf_counter() - t0
+        self.install(plan)
+
+    def _decide(self) -> MemPlan:
+        restored = self._restored()
+        if restored is not None:
+            return restored
+        if self._o.user_plan is not None:
+            return self._o.user_plan
+        assert self.example is not None
+        args, kwargs = self.example
+        kept: list[Any] = []
+        plan = decide_plan(self._s, self._module, self._forward, args, kwargs, self._view.optimizer(),
+                           call="MemPlanCallback", loop=self.loop(), kept=kept)
+        self._kept = tuple(kept)
+        return plan
+
+    def install_pending(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Install the pending plan at this training call's arguments."""
+        plan, self.pending = self.pending, None
+        assert plan is not None
+        self.example = (args, kwargs)
+        self.install(plan)
+
+    def install(self, plan: MemPlan) -> None:
+        """Wrap the plan's blocks, forecast it on ``backend`` and compile. Falls back on failure."""
+        from lightning_memplan.forecasting.backend import memplan_backend
+
+        module = self._module
+        assert self.example is not None
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        t0 = time.perf_counter()
+        try:
+            self._stack.enter_context(checkpointed(module, plan.checkpoint))
+            args, kwargs = self.example
+            fc = None
+            try:
+                with self._view.step_context():
+                    plan, fc = forecast_plan(self._s, plan, module, self._forward, args, kwargs,
+                                             self._view.optimizer(), loop=self.loop())
+            except Exception as exc:  # noqa: BLE001 - no forecast: train with the plan anyway
+                _warn(f"the forecast of the chosen plan failed ({exc!r}); training with the plan, without "
+                      "predictions.", 2)
+            be = memplan_backend(budget=plan.budget, solver=plan_solver(self._s, plan), inner=self._s.backend,
+                                 capture=False)
+            backend = WatchedBackend(be, training=self._view.training)
+            # static shapes by default: another batch size compiles a graph of its own (with the
+            # plan) and the planned graph keeps serving the planned size (see compile_watch)
+            ckw = {**isolated_compile_kwargs(), "dynamic": False, **self._o.compile_kwargs}
+            compiled = torch.compile(_fresh_forward(module), backend=backend, **ckw)
+            # FSDP2 units: each compiled on its own (see unit_compile), for this fit
+            self._stack.enter_context(UnitCompile(module, backend, ckw).installed())
+        except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
+            self.fall_back(f"installing the plan failed: {exc!r}")
+            return
+        collectives = forward_has_collectives(module)
+        kinds = fsdp_kinds(module) if collectives else None
+        # tensor parallelism alone: its collectives are in the compiled graphs (functional
+        # collectives), so the forecast holds their buffers; FSDP's live outside them
+        if fc is not None and kinds and (kinds.fsdp1 or kinds.fsdp2) and not (fc.breakdown and fc.breakdown.fsdp_buffers):
+            _warn("the parameters are sharded by FSDP (FSDP1, or FSDP2 internals this version cannot read). The "
+                  "forecast counts this rank's shards of the parameters, gradients and optimizer state, and the "
+                  "activations of the compiled graphs; FSDP's unsharded parameters and communication buffers are "
+                  "not forecast, so the measured peak (memplan/measured_peak_bytes) will be higher than "
+                  "predicted.", 2)
+        for message in uncompiled_warnings(module, fc):
+            _warn(message, 2)
+        self.forecast, self.plan = fc, plan
+        planned = self._shapes.plan_installed(*self.example)
+        self._watch.follow(backend, tuple(x[0] for x in planned))  # (the compiled graph's, at its first run)
+        self.collectives = collectives
+        self.fsdp2 = bool(kinds and kinds.fsdp2)
+        self.measurable = not (kinds and kinds.fsdp1)
+        if not self.may_replan() and self._progress.later:
+            self.example = None  # no re-plan can follow: do not hold on to the first batch
+        self.active, self.first_call = compiled, True
+        self.timings["install_seconds"] = time.perf_counter() - t0
+        if self._progress.later:  # a re-plan: as many calls as before, the same eager loss
+            self.lay_out_step()
+        if self._o.verbose:
+            rank_zero_info(reporter.plan_table(plan, self.timings))
+        if self._o.log_plots:
+            reporter.plot_frontier(self._view.trainer, plan, self._s.max_memory)
+
+    def fall_back(self, reason: str) -> None:
+        """Train the module as written from now on, saying why."""
+        self.fallback_reason = reason
+        self.active = None
+        self._stack.close()
+        warnings.warn(f"MemPlanCallback: {reason}. Training goes on with the module uncompiled.",
+                      PlanWarning, stacklevel=4)
+
+    def _install_soon(self, plan: MemPlan) -> None:
+        """Install ``plan`` now, or, when the forward runs collectives (FSDP, tensor parallelism),
+        at its next training call: a forecast outside the forward would read sharded parameters."""
+        if self.collectives:
+            self.pending = plan
+        else:
+            self.install(plan)
+
+    # ------------------------------------------------------------------ after the first batch
+    def rejudge(self, calls: int) -> None:
+        """Judge the search's candidates again (their kept forecasts laid out again, nothing
+        compiled) on ``calls`` forward calls per step, with the inputs training_step makes and the
+        eager loss measured since (rank 0 decides; every rank takes part); recompile once if
+        another plan wins."""
+        plan, p = self.plan, self._profile
+        if plan is None or not plan.candidates or self.example is None:
+            return  # the same on every rank: nothing was searched in this fit (a fixed, given or resumed plan)
+        made = p.made_inputs
+        what = " and ".join(
+            ([f"on {calls} forward calls per step"] if calls > 1 else [])
+            + (["with the inputs training_step makes"] if made else [])
+            + (["with the loss on the outputs measured"] if p.eager_losses else [])) or "again"
+
+        def decide() -> MemPlan:
+            loop = self.loop()
+            if (calls == 1 and not p.eager_losses and not made and not loop.gradless_bytes) or not self._kept:
+                return plan  # nothing new to judge by: the plan stands
+            if p.other_calls:  # the candidates were forecast for the first call's shapes only
+                return plan
+            return rejudge_plan(self._s, plan, self._kept, step_grad_bytes(self._module, loop), calls=calls,
+                                new_input_bytes=p.fresh_input_bytes(calls), eager_loss=p.eager_losses or None,
+                                made_input_bytes=made, loop=loop, optimizer=self._optimizer_memory())
+
+        try:
+            strategy = self._view.strategy
+            lockstep = forward_has_collectives(self._module)
+            new = decide_on_rank_zero(strategy, decide, all_ranks_run=lockstep) if strategy is not None else decide()
+        except Exception as exc:  # noqa: BLE001 - the plan chosen at the first call stands
+            _warn(f"judging the candidate plans {what} failed ({exc!r}); keeping the plan chosen at the first "
+                  "forward call.")
+            return
+        same = (new.budget, new.checkpoint, new.solver) == (plan.budget, plan.checkpoint, plan.solver)
+        if calls > 1 or not same:
+            rank_zero_info(
+                f"MemPlanCallback: judged {what}, the search {'keeps' if same else 'chooses'} "
+                f"{new.candidates[new.chosen].label}"
+                + ("." if same else f" instead of {plan.candidates[plan.chosen].label} (recompiling once)."))
+        if same:
+            self.plan = dataclasses.replace(plan, candidates=new.candidates, knee=new.knee, reason=new.reason)
+            return
+        self._install_soon(new)
+
+    def _other_forecasts(self, plan: MemPlan, first: Forecast) -> list[Forecast]:
+        """One forecast per call after the first in the first batch: ``first`` for a call of its
+        shapes, else the plan forecast on that call's arguments. Raises when one cannot be made
+        (the forward runs collectives: a forecast outside it would read sharded parameters)."""
+        if forward_has_collectives(self._module):
+            raise RuntimeError("calls of other input shapes are not forecast under FSDP or tensor parallelism")
+        with self._view.step_context():
+            return other_call_forecasts(self._s, plan, self._module, self._forward, self._view.optimizer(),
+                                        self.loop(), first, self._profile.signatures, self._profile.other_calls)
+
+    def lay_out_step(self) -> None:
+        """Lay the forecast out for the step the first batch showed (nothing is compiled): several
+        calls of the forward, inputs training_step made, the eager code measured after the forward."""
+        p = self._profile
+        calls, losses, made = p.calls, p.eager_losses, p.made_inputs
+        plan, fc = self.plan, self.forecast
+        if plan is None or (calls <= 1 and not losses and not made and not self.loop().gradless_bytes):
+            return
+        if fc is None or fc.peak_bytes is None:
+            if calls > 1:
+                _warn(f"training_step called the planned forward {calls} times in one step and there is no "
+                      "forecast to lay out for them.")
+            return
+        try:
+            loop = self.loop()
+            if p.other_calls:
+                fc = fc.with_calls(self._other_forecasts(plan, fc), new_input_bytes=p.fresh_input_bytes(calls))
+            plan, fc = lay_out_step(plan, fc, calls=calls, new_input_bytes=p.fresh_input_bytes(calls),
+                                    eager_losses=losses, made_input_bytes=made, loop=loop,
+                                    grads=step_grad_bytes(self._module, loop), optimizer=self._optimizer_memory())
+        except Exception as exc:  # noqa: BLE001 - the plain prediction stands; training goes on
+            _warn(f"laying the forecast out for the step the first batch ran failed ({exc!r}); the prediction "
+                  "covers one call of the compiled graphs.")
+            return
+        self.forecast, self.plan = fc, plan
+        self._note_laid_out(plan, calls, losses, made)
+
+    def _note_laid_out(self, plan: MemPlan, calls: int, losses: tuple[EagerLoss, ...], made: int) -> None:
+        """Say what the laid-out forecast covers (rank zero), and warn when it is over ``max_memory``."""
+        baseline, peak, max_memory = plan.baseline_bytes, plan.predicted_peak_bytes, self._s.max_memory
+        parts = []
+        if made and self._o.verbose:
+            parts.append(f"training_step makes {format_bytes(made)} of the forward's inputs (counted in the step, "
+                         "not before it)")
+        if calls > 1:
+            others = len(self._profile.other_calls)
+            parts.append(f"training_step called the planned forward {calls} times in one step; the forecast now "
+                         f"covers {calls} calls (every call's saved activations live until its backward)"
+                         + (f", {others} other input shape(s) forecast with the plan on their own "
+                            "compiled graphs" if others else ""))
+        if losses and (calls > 1 or self._o.verbose):
+            kept = sum(m.kept_bytes for m in losses)
+            eager = max(max(m.forward_peak_bytes, m.kept_bytes) for m in losses)
+            parts.append(f"the eager code after the forward (the loss on the outputs, measured on "
+                         f"{self._profile.eager_from}): {format_bytes(sum(m.outputs_bytes for m in losses))} of "
+                         f"outputs, up to {format_bytes(eager)} made, {format_bytes(kept)} kept for backward, a "
+                         f"backward of {format_bytes(max(m.backward_peak_bytes for m in losses))}")
+        note = f"MemPlanCallback: {'; '.join(parts)}. Forecast now {format_bytes(peak)} above the baseline."
+        if max_memory is not None and peak is not None and baseline + peak > max_memory:
+            then = ("the closed loop re-plans if the measured peak exceeds it" if self.may_replan() else
+                    "the closed loop has re-planned once already: reduce the batch or raise max_memory")
+            warnings.warn(f"{note} That exceeds max_memory {format_bytes(max_memory)}; {then}.",
+                          PlanWarning, stacklevel=5)
+        elif parts:
+            rank_zero_info(note)
+
+    # ------------------------------------------------------------------ measured batches
+    def baseline_shift(self) -> int:
+        """Bytes to add to a window's peak (above the bytes live when it opened) so it is above the
+        prediction's baseline. Manual optimization: the prediction's baseline holds no gradients,
+        so those live at the start count in the peak. Automatic optimization: the baseline holds
+        the previous step's gradients; a batch that starts with none (Lightning freed them before
+        validation) makes them all again on top, so their bytes are subtracted."""
+        if not self.loop().automatic_optimization:
+            return live_grad_bytes(self._module)
+        held = self.plan.breakdown.get("gradients", 0) if self.plan is not None else 0
+        lit = self._view.lit
+        params = lit.parameters() if lit is not None else self._module.parameters()
+        if held and not any(p.grad is not None for p in params):
+            return -held
+        return 0
+
+    def measured(self, measured: int) -> None:
+        """The closed loop: a measured peak (bytes above the baseline) over ``max_memory`` re-plans
+        once with a candidate forecast to fit (or half the budget), recompiling."""
+        plan, max_memory = self.plan, self._s.max_memory
+        if (not self._o.replan or self._replanned or max_memory is None or plan is None
+                or plan.baseline_bytes is None or plan.baseline_bytes + measured <= max_memory):
+            return
+        self._replanned = True
+        new, unseen, fits = replan_candidate(plan, measured, max_memory)
+        if fits:
+            expect = (f"forecast {format_bytes(plan.baseline_bytes + (new.peak_bytes or 0) + unseen)}, counting the "
+                      f"{format_bytes(unseen)} the forecast did not see (eager code such as the loss)")
+        else:
+            expect = "no candidate is forecast to fit; halving the budget"
+        _warn(f"measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds max_memory "
+              f"{format_bytes(max_memory)}; re-planning once with {new.label} ({expect}), recompiling, and going "
+              "on.", 2)
+        self._install_soon(dataclasses.replace(
+            plan, budget=new.budget, checkpoint=new.checkpoint, predicted_peak_bytes=new.peak_bytes,
+            solver=new.solver or (plan.solver if plan.solver != "remat" else self._s.solver_name),
+            reason=f"re-planned: measured {format_bytes(measured)} over max_memory"))
+
+    # ------------------------------------------------------------------ other input shapes
+    def forecast_shapes(self, sig: tuple[Any, ...], call: ShapeCall) -> None:
+        """Forecast a step at the input shapes ``sig`` of the batch that just ran, with the plan in
+        force, laid out as the first batch showed the step (one call; the eager code as measured at
+        these shapes, else scaled), into the shape tracker's forecasts; over ``max_memory`` it warns,
+        or searches again at these shapes (:meth:`_replan_at`). Never raises."""
+        plan, shapes, batch = self.plan, describe_shapes([s[0] for s in sig]), self._progress.batches
+        if (sig not in self._shapes.compiled or plan is None or self.forecast is None or self._profile.calls != 1
+                or self.collectives or self.pending is not None):
+            self._shapes.forecasts[sig] = None
+            return
+        peak: int | None = None
+        try:
+            loop = self.loop()
+            with self._view.step_context():
+                shaped, fc = forecast_plan(self._s, plan, self._module, self._forward, call.args, call.kwargs,
+                                           self._view.optimizer(), loop=loop)
+            if fc.peak_bytes is None:
+                raise RuntimeError("; ".join(fc.problems) or "no forecast")
+            shaped, fc = lay_out_step(shaped, fc, calls=1, eager_losses=self._eager_at(sig, call.out_bytes),
+                                      made_input_bytes=call.made_bytes, loop=loop,
+                                      grads=step_grad_bytes(self._module, loop), optimizer=self._optimizer_memory())
+            peak = shaped.predicted_peak_bytes
+        except Exception as exc:  # noqa: BLE001 - the batches of these shapes go unpredicted
+            rank_zero_info(f"MemPlan: batch {batch}: the forecast for inputs {shapes} failed ({exc!r}); "
+                           "epochs that measure such a batch log no prediction error.")
+        self._shapes.forecasts[sig] = peak
+        if peak is None:
+            return
+        self._shapes.forecast_input_bytes = max(self._shapes.forecast_input_bytes, call.in_bytes)
+        if self._o.verbose:
+            rank_zero_info(f"MemPlan: batch {batch}: forecast for inputs {shapes}: {format_bytes(peak)} "
+                           f"above the baseline (planned inputs: {format_bytes(plan.predicted_peak_bytes)})")
+        baseline, max_memory = shaped.baseline_bytes, self._s.max_memory
+        if max_memory is None or baseline is None or baseline + peak <= max_memory:
+            return
+        over = (f"a step on inputs {shapes} (batch {batch}) is forecast to peak at {format_bytes(baseline + peak)}, "
+                f"over max_memory {format_bytes(max_memory)}")
+        if self._may_replan_at_shapes():
+            planned = describe_shapes(self._watch.planned_shapes or ())
+            _warn(f"{over}; the plan was chosen at {planned}. Searching the plans again at {shapes} and "
+                  "recompiling, once.", 4)
+            self._replan_at(sig, call)
+            return
+        _warn(f"{over}; the plan was chosen at the first batch's shapes. Plan on the largest inputs (put the "
+              "largest batch first, or plan_memory(..., train_dataloaders=[longest_batch])), or cap their length.", 4)
+
+    def _eager_at(self, sig: tuple[Any, ...], out_bytes: int) -> tuple[EagerLoss, ...]:
+        p = self._profile
+        return self._shapes.eager_at(sig, out_bytes, p.eager_losses, p.first_out_bytes)
+
+    def _may_replan_at_shapes(self) -> bool:
+        """``budget="auto"``, the closed loop on and unused, and one process (under DDP the ranks
+        run other shapes, and the search's decision is a collective every rank must join)."""
+        return (self.may_replan() and isinstance(self._s.budget, str) and self._o.user_plan is None
+                and self._restored() is None and not self.collectives and self._view.world_size <= 1)
+
+    def _replan_at(self, sig: tuple[Any, ...], call: ShapeCall) -> None:
+        """Search the plans again at the input shapes ``sig``, judged with the eager code measured
+        at them, and install the cheapest within ``max_memory`` (or the smallest, with a warning):
+        these shapes become the planned ones. Once per fit (it uses the closed loop's one re-plan).
+        On failure the plan in force stays."""
+        old, p = self.plan, self._profile
+        assert old is not None
+        self._replanned = True
+        losses = self._eager_at(sig, call.out_bytes)
+        self._stack.close()  # the blocks unwrapped for the search; install wraps the chosen plan's
+        plan = old
+        try:
+            loop = self.loop()
+            kept: list[Any] = []
+            with self._view.step_context():
+                searched = decide_plan(self._s, self._module, self._forward, call.args, call.kwargs,
+                                       self._view.optimizer(), call="MemPlanCallback", loop=loop, kept=kept)
+            plan = searched
+            if kept and (losses or call.made_bytes):
+                plan = rejudge_plan(self._s, searched, kept, step_grad_bytes(self._module, loop), calls=1,
+                                    eager_loss=losses or None, made_input_bytes=call.made_bytes, loop=loop,
+                                    optimizer=self._optimizer_memory())
+            plan = dataclasses.replace(plan, reason=f"{plan.reason}; re-planned at inputs "
+                                                    f"{describe_shapes([x[0] for x in sig])} over max_memory")
+        except Exception as exc:  # noqa: BLE001 - the plan in force stays
+            kept_label = old.candidates[old.chosen].label if old.candidates and old.chosen is not None else "the plan"
+            _warn(f"searching the plans at the new shapes failed ({exc!r}); keeping {kept_label}.", 5)
+        if plan is not old:  # the new planned shapes: their eager code and made inputs are the step's
+            if self._shapes.planned is not None:
+                self._shapes.eager[self._shapes.planned] = p.eager_losses
+            p.eager_losses, p.made_inputs, p.first_out_bytes = tuple(losses), call.made_bytes, call.out_bytes
+            p.eager_from = f"the first batch of inputs {describe_shapes([x[0] for x in sig])}"
+        self.example = (call.args, call.kwargs)
+        self.install(plan)

@@ -1,0 +1,72 @@
+"""Routing the planned module's ``forward`` through the callback for one fit, and putting it back."""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from lightning_memplan.core.instance_patch import instance_attributes
+from lightning_memplan.planner.precompiled import compiled_by_user
+from lightning_memplan.planner.step import PlanWarning
+
+__all__ = ["ForwardPatch", "has_submodule"]
+
+_MISSING = object()
+
+
+def has_submodule(module: nn.Module, path: str) -> bool:
+    """Whether ``module.get_submodule(path)`` finds a module."""
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+class ForwardPatch:
+    """The planned module's ``forward``, replaced by an instance attribute (so every strategy's
+    wrapper calls it) while attached. Invariant: after :meth:`detach` the module's ``forward`` and
+    any ``torch.compile`` the user applied are exactly as they were before :meth:`attach`."""
+
+    def __init__(self) -> None:
+        #: The module whose forward is routed (the user's module inside their own compile, if any).
+        self.module: nn.Module | None = None
+        #: The module found at ``submodule`` when attached (the compiled wrapper, if the user compiled it).
+        self.attached_to: nn.Module | None = None
+        #: The module's forward as it was: what the plan compiles and what runs on a fallback.
+        self.original: Callable[..., Any] | None = None
+        self._saved: Any = _MISSING
+        self._uncompiled = contextlib.ExitStack()  # the user's own torch.compile undone
+
+    def attach(self, lit: nn.Module, resolved: nn.Module, dispatch: Callable[..., Any], *, backend: str) -> None:
+        """Route ``resolved``'s forward (the module at ``submodule`` of ``lit``) through
+        ``dispatch``, with the user's own torch.compile undone for the fit (warns when there was one;
+        ``backend`` names the one the plan compiles with)."""
+        user = compiled_by_user(lit, resolved)
+        if user.patches:
+            self._uncompiled.enter_context(instance_attributes(user.patches))
+            warnings.warn(
+                f"MemPlanCallback: {user.what} was compiled with torch.compile before fit. For this fit the "
+                f"callback compiles the planned forward itself, with the plan (backend {backend!r}; "
+                "torch.compile options go to `compile_kwargs`), and the rest runs as written; your compiled "
+                "module is put back after fit.", PlanWarning, stacklevel=4)
+        target = user.module
+        self.attached_to = resolved
+        self.module = target
+        self._saved = target.__dict__.get("forward", _MISSING)
+        self.original = target.forward
+        target.forward = dispatch  # type: ignore[method-assign]
+
+    def detach(self) -> None:
+        """Undo :meth:`attach` (nothing if not attached)."""
+        module = self.module
+        if module is not None:
+            if self._saved is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = self._saved  # type: ignore[method-assign]
+        self._uncompiled.close()
+        self.module = self.attached_to = None

@@ -1,0 +1,233 @@
+"""The callback's per-fit parts, each without a Trainer (the Trainer tests are in test_callback.py)."""
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_memplan.callback.compile_watch import CompileRecord
+from lightning_memplan.callback.first_batch import FirstBatchProfile, held_returned
+from lightning_memplan.callback.forward_patch import ForwardPatch, has_submodule
+from lightning_memplan.callback.options import callback_options
+from lightning_memplan.callback.peak_meter import PeakMeter
+from lightning_memplan.callback.phase import FitProgress, Phase
+from lightning_memplan.callback.recompiles import RecompileWatch
+from lightning_memplan.callback.reporter import epoch_line, epoch_metrics, plan_table
+from lightning_memplan.callback.shapes import ShapeTracker
+from lightning_memplan.callback.trainer_view import TrainerView
+from lightning_memplan.forecasting.eager_loss import EagerLoss
+from lightning_memplan.plan import Candidate, MemPlan
+from lightning_memplan.planner.step import PlanWarning, call_signature
+
+pytestmark = pytest.mark.unit
+
+
+def _plan(**kw: Any) -> MemPlan:
+    base: dict[str, Any] = dict(budget=0.5, solver="dp", backend="aot_eager", checkpoint=("blocks.0",),
+                                predicted_peak_bytes=1000, baseline_bytes=300, reason="given",
+                                breakdown={"activations": 700, "gradients": 200, "parameters": 100})
+    base.update(kw)
+    return MemPlan(**base)
+
+
+def _options(**kw: Any) -> Any:
+    args: dict[str, Any] = dict(budget=0.5, max_memory=None, solver="dp", checkpoint=None, backend="aot_eager",
+                                candidate_budgets=(1.0, 0.5), search_backend="aot_eager", remat_budgets=(),
+                                plan=None, replan=True, measure_batches=2, log_plots=False, compile_kwargs=None,
+                                verbose=False, submodule=None, forecast_new_shapes=True)
+    args.update(kw)
+    return callback_options(**args)
+
+
+# ---------------------------------------------------------------------------- phase
+def test_fit_progress_names_the_phase_of_each_batch() -> None:
+    progress = FitProgress()
+    assert progress.phase is Phase.BEFORE and not progress.first and not progress.later
+    progress.start_batch()
+    assert progress.phase is Phase.FIRST and progress.first
+    progress.start_batch()
+    assert progress.phase is Phase.LATER and progress.later and progress.batches == 2
+
+
+# ---------------------------------------------------------------------------- peak meter
+def test_the_peak_meter_keeps_a_window_after_a_warm_up_and_shifts_it() -> None:
+    meter = PeakMeter(measure_batches=2)
+    cpu = torch.device("cpu")
+    results = []
+    for shift in (0, 1000, -10**9):
+        meter.open(cpu, shift)
+        keep = torch.empty(1024, dtype=torch.uint8)
+        peak = meter.close()
+        del keep
+        assert peak is not None
+        results.append((meter.would_keep(peak), meter.finish_batch(peak, ("sig",))))
+    # the first window of a run is a warm-up on CPU; the shift is added; never below 0
+    assert results[0] == (False, None)
+    assert results[1][0] and results[1][1] is not None and results[1][1] >= 1000 + 1024
+    assert results[2] == (True, 0)
+    peaks, sigs = meter.end_epoch()
+    assert len(peaks) == 2 and sigs == [("sig",), ("sig",)] and meter.wants_batch()
+
+
+def test_a_discarded_window_and_no_window_are_not_kept() -> None:
+    meter = PeakMeter(measure_batches=1)
+    assert meter.close() is None and meter.finish_batch(None, None) is None
+    meter.open(torch.device("cpu"), 0)
+    meter.finish_batch(meter.close(), None)  # warm-up
+    meter.open(torch.device("cpu"), 0)
+    meter.discard = True
+    peak = meter.close()
+    assert not meter.would_keep(peak) and meter.finish_batch(peak, None) is None and not meter.discard
+    assert meter.end_epoch() == ([], [])
+
+
+# ---------------------------------------------------------------------------- shapes
+def test_the_shape_tracker_predicts_an_epoch_from_the_shapes_it_ran() -> None:
+    shapes = ShapeTracker()
+    x, y = torch.zeros(4, 8), torch.zeros(6, 8)
+    planned = shapes.plan_installed((x,), {})
+    other = call_signature((y,), {})
+    assert planned == call_signature((x,), {}) and shapes.forecast_input_bytes == 4 * 8 * 4
+    plan = _plan()
+    assert shapes.epoch_prediction(plan, []) == (1000, True)
+    assert shapes.epoch_prediction(plan, [planned, other]) == (1000, False)  # no forecast for `other`
+    shapes.forecasts[other] = 1500
+    assert shapes.epoch_prediction(plan, [planned, other, None]) == (1500, True)
+    assert shapes.epoch_prediction(None, [planned]) == (None, False)
+    shapes.plan_installed((x,), {})  # another plan: its own graphs and forecasts
+    assert shapes.forecasts == {} and shapes.compiled == set()
+
+
+def test_a_batch_of_new_shapes_measures_its_eager_code_only_when_it_would_be_measured_or_larger() -> None:
+    shapes = ShapeTracker()
+    small, large = torch.zeros(2, 8), torch.zeros(64, 8)
+    shapes.plan_installed((torch.zeros(4, 8),), {})
+    assert not shapes.start_batch(small, track=True, later=False, profiled=True, measured_eager=True)  # first
+    assert shapes.start_batch(large, track=True, later=True, profiled=True, measured_eager=True)
+    sig = call_signature((large,), {})
+    assert shapes.wants_eager_at(sig, (large,), {}, steady=True)
+    assert not shapes.wants_eager_at(sig, (large,), {}, steady=False)
+    # a later batch of shapes already seen, or one past the measured ones that is not larger
+    assert not shapes.start_batch(large, track=True, later=True, profiled=True, measured_eager=True)
+    assert not shapes.wants_eager_at(sig, (large,), {}, steady=True)
+    tiny = torch.zeros(1, 8)
+    assert not shapes.start_batch(tiny, track=True, later=True, profiled=False, measured_eager=True)
+    assert not shapes.wants_eager_at(call_signature((tiny,), {}), (tiny,), {}, steady=True)
+    assert not shapes.start_batch(torch.zeros(3, 3), track=False, later=True, profiled=True, measured_eager=True)
+
+
+def test_the_eager_code_at_other_shapes_is_measured_else_scaled_by_the_outputs() -> None:
+    loss = EagerLoss(outputs_bytes=100, outputs_kept_bytes=0, kept_bytes=100, backward_peak_bytes=200,
+                     output_grad_bytes=100, forward_peak_bytes=100)
+    shapes = ShapeTracker()
+    (scaled,) = shapes.eager_at(("s",), 300, (loss,), 100)
+    assert scaled.outputs_bytes == 300 and scaled.backward_peak_bytes == 600
+    shapes.eager[("s",)] = (loss,)
+    assert shapes.eager_at(("s",), 300, (), 100) == (loss,)
+
+
+# ---------------------------------------------------------------------------- first batch
+def test_the_first_batch_profile_notes_calls_of_other_shapes_and_returned_outputs() -> None:
+    profile = FirstBatchProfile()
+    x = torch.zeros(4, 8)
+    profile.note_call((x,), {})
+    profile.note_call((x[:2],), {})
+    profile.note_call((torch.zeros(2, 8),), {})
+    assert profile.calls == 3 and len(profile.other_calls) == 1 and len(profile.signatures) == 3
+    profile.batch = x
+    profile.finish(None, nn.Linear(8, 8))
+    assert profile.made_inputs == 0  # a view of the batch is not made in the step
+    kept = torch.zeros(10)
+    loss = EagerLoss(outputs_bytes=40, outputs_kept_bytes=0, kept_bytes=0, backward_peak_bytes=0,
+                     output_grad_bytes=0, forward_peak_bytes=0,
+                     inner_outputs=((kept.untyped_storage()._cdata, 40), (1, 8)))
+    (held,) = held_returned((loss,), {"logits": kept})
+    assert held.held_inner_bytes == 40
+
+
+# ---------------------------------------------------------------------------- recompiles
+def test_the_recompile_watch_reports_new_graphs_and_warns_once_for_a_dynamic_one() -> None:
+    backend = SimpleNamespace(compiles=[CompileRecord(input_shapes=((4, 8),), dynamic=False, training=True)])
+    watch = RecompileWatch(verbose=False)
+    watch.follow(backend, ((4, 8),))  # type: ignore[arg-type]
+    assert watch.planned_compiled() is backend.compiles[0]
+    backend.compiles += [CompileRecord(input_shapes=((2, 8),), dynamic=False, training=True),
+                         CompileRecord(input_shapes=((2, 8),), dynamic=False, training=False),
+                         CompileRecord(input_shapes=((3, 8),), dynamic=True, training=True)]
+    with pytest.warns(PlanWarning, match=r"batch 7 compiled a dynamic-shape graph"):
+        watch.check(7)
+    assert [r.input_shapes for r in watch.recompiles] == [((2, 8),), ((3, 8),)]  # training graphs only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        watch.check(8)  # nothing new: nothing said
+
+
+# ---------------------------------------------------------------------------- forward patch
+def test_the_forward_patch_routes_the_forward_and_puts_it_back() -> None:
+    lit = nn.Sequential(nn.Linear(2, 2))
+    inner = lit[0]
+    assert has_submodule(lit, "0") and not has_submodule(lit, "model")
+    patch = ForwardPatch()
+    calls: list[Any] = []
+    patch.attach(lit, inner, lambda *a: calls.append(a) or "routed", backend="aot_eager")
+    assert inner(torch.zeros(2)) == "routed" and patch.module is inner and patch.original is not None
+    assert patch.original(torch.zeros(2)).shape == (2,)  # the forward as it was
+    patch.detach()
+    assert "forward" not in inner.__dict__ and inner(torch.zeros(2)).shape == (2,)
+    patch.detach()  # twice: nothing
+
+
+# ---------------------------------------------------------------------------- trainer view
+def test_the_trainer_view_without_a_trainer() -> None:
+    view = TrainerView(None, None)
+    view.module = nn.Linear(2, 2)
+    assert view.strategy is None and view.world_size == 1 and view.optimizer() is None
+    assert view.training() and view.device() == torch.device("cpu")
+    with view.step_context():
+        pass
+
+
+# ---------------------------------------------------------------------------- options
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"measure_batches": 0}, r"measure_batches=0\)` must be an int >= 1"),
+    ({"measure_batches": True}, r"measure_batches=True"),
+    ({"compile_kwargs": [1]}, r"compile_kwargs=\[1\]\)` must be a dict"),
+    ({"compile_kwargs": {"backend": "eager"}}, r"set the backend with `backend=`"),
+    ({"forecast_new_shapes": "yes"}, r"forecast_new_shapes='yes'\)` must be True or False"),
+    ({"plan": 3}, r"plan=3\)` must be a MemPlan"),
+    ({"plan": "/no/such/plan.json"}, r"no such file"),
+])
+def test_bad_callback_arguments_are_named(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _options(**kw)
+
+
+def test_good_callback_arguments_are_kept() -> None:
+    plan = _plan()
+    options = _options(plan=plan, compile_kwargs={"mode": "default"}, max_memory="1KiB")
+    assert options.user_plan is plan and options.compile_kwargs == {"mode": "default"}
+    assert options.settings.max_memory == 1024 and options.measure_batches == 2
+
+
+# ---------------------------------------------------------------------------- reporter
+def test_the_epoch_metrics_and_their_error() -> None:
+    plan = _plan()
+    m = epoch_metrics(plan, 1000, True, 800)
+    assert m["memplan/predicted_peak_bytes"] == 1000 and m["memplan/measured_peak_bytes"] == 800
+    assert m["memplan/prediction_error"] == pytest.approx(0.25) and m["memplan/checkpointed_blocks"] == 1
+    assert m["memplan/activations_bytes"] == 700 and "memplan/optimizer_state_bytes" not in m
+    assert "memplan/prediction_error" not in epoch_metrics(plan, 1000, False, 800)  # a shape had no forecast
+    assert epoch_metrics(None, None, False, None) == {}
+    line = epoch_line(3, m, other_shapes=2)
+    assert line.startswith("MemPlan epoch 3: predicted") and "+25.0%" in line and "2 other input shape" in line
+
+
+def test_the_plan_table_names_the_knee_and_the_decision_time() -> None:
+    cands = (Candidate(budget=1.0, peak_bytes=2000, cost=1.0), Candidate(budget=0.5, peak_bytes=1000, cost=2.0))
+    text = plan_table(_plan(candidates=cands, knee=1, chosen=1),
+                      {"decide_seconds": 2.0, "install_seconds": 4.0})
+    assert "knee" in text and "budget 0.5" in text and "ratio 0.50" in text and "blocks.0" in text
