@@ -48,16 +48,12 @@ from lightning_memplan.forecasting.allocations import (
     simulate_cuda_allocator,
     stitch_step,
 )
-from lightning_memplan.forecasting.backend import (
+from lightning_memplan.forecasting.backend import MemplanBackend, memplan_backend
+from lightning_memplan.forecasting.capture import (
     KnapsackRecord,
-    MemplanBackend,
     PartitionDecision,
     RegionCapture,
     ScheduleEstimate,
-    _check_budget,
-    _check_inner,
-    memplan_backend,
-    resolve_solver,
 )
 from lightning_memplan.forecasting.eager_loss import EagerLoss, eager_loss_events
 from lightning_memplan.forecasting.estimator import (
@@ -68,6 +64,12 @@ from lightning_memplan.forecasting.estimator import (
 )
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.forecasting.unit_compile import UnitCompile
+from lightning_memplan.forecasting.validate import check_budget as _check_budget
+from lightning_memplan.forecasting.validate import (
+    check_checkpoint_sets as _check_checkpoint_sets,
+)
+from lightning_memplan.forecasting.validate import check_inner as _check_inner
+from lightning_memplan.forecasting.validate import resolve_solver
 from lightning_memplan.forecasting.workspace import probe_workspace
 
 __all__ = ["Forecast", "GridKey", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_grid",
@@ -1267,8 +1269,6 @@ def _grid(
         raise ValueError(f"`{call}(solver='remat')`: the grid's budgets and checkpoint sets are knapsack plans; "
                          "give a knapsack solver and the remat budgets as `remat_budgets=...`.")
     inputs = _check_args(model, example_inputs, loss_fn, optimizer)
-    from lightning_memplan.forecasting.backend import _check_checkpoint_sets
-
     emulated = _check_checkpoint_sets(checkpoint_sets, model, call)
     sets = tuple(dict.fromkeys(tuple(s) for s in checkpoint_sets))
     run_ck, run_b = ((), bs[0]) if run is None else (tuple(run[0]), run[1])
