@@ -77,10 +77,10 @@ class Net(nn.Module):
 
 def _without_fsdp(fc: object) -> int:
     """The forecast's peak laid out without FSDP's buffers (the peer)."""
-    from lightning_memplan.forecasting.step_forecast import _executed, _layout
+    from lightning_memplan.forecasting.layout import lay_out, run_order
 
-    plans, executions, opt, _, _ = fc._parts  # type: ignore[attr-defined]
-    return _layout(_executed(list(plans), executions), opt)[1]
+    parts = fc._parts  # type: ignore[attr-defined]
+    return lay_out(run_order(parts.plans, parts.executions), parts.optimizer)[1]
 
 
 def _rank(rank: int, world: int, models: list[str], backends: list[str], port: str, out: str) -> None:

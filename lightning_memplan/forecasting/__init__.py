@@ -1,8 +1,12 @@
 """Forecast the peak memory of a compiled training step from its real graphs.
 
-The scoped compile backend and graph capture (:mod:`.backend`), the FX estimator with alias
-tracking (:mod:`.estimator`), the step's other memory (allocations, workspaces, optimizer state,
-the eager loss, FSDP buffers) and the step forecast itself (:mod:`.step_forecast`).
+The scoped compile backend (:mod:`.backend`; its sweep of other plans :mod:`.sweep`, the knapsack
+solver adapter :mod:`.solver_adapter`, the capture records :mod:`.capture`, argument validators
+:mod:`.validate`), the FX estimator with alias tracking (:mod:`.estimator`), the step's other memory
+(allocations, workspaces, optimizer state, the eager loss, FSDP buffers), and the step forecast:
+:func:`~.step_forecast.forecast` compiles the step (:mod:`.compile_step`), plans each region
+(:mod:`.regions`), lays the step out (:mod:`.layout`) and assembles the result (:mod:`.assemble`,
+:mod:`.result`); :mod:`.grid` forecasts many plans from one compile.
 """
 from __future__ import annotations
 

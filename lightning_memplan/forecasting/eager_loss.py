@@ -102,7 +102,7 @@ def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:
-    """Layout events (``forecasting._layout``'s ``overlay``: ``(name, category, bytes)`` at
+    """Layout events (``forecasting.layout.lay_out``'s ``overlay``: ``(name, category, bytes)`` at
     ``("fw" | "bw", position, "before" | "after")``) for ``loss`` around position ``last``, the
     step's last compiled region:
 
@@ -115,7 +115,7 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
       end of the loss's backward, category ``"gradients"``, never freed in the step.
 
     The outputs' gradients themselves are handed to the region's backward and die at its last read
-    of its incoming gradient: ``_layout``'s ``bw_hold`` (``output_grad_bytes``), not an event here.
+    of its incoming gradient: ``lay_out``'s ``bw_hold`` (``output_grad_bytes``), not an event here.
     Category ``"activations"`` but for those gradients. The events sum to ``param_grad_bytes``.
     """
     a = "activations"

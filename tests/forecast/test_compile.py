@@ -92,9 +92,10 @@ def test_user_callable_solver_is_used(by_budget: dict[float, MemplanBackend]) ->
 
 @pytest.mark.parametrize("name", ["greedy", "dp", "hirschberg", "ilp"])
 def test_every_named_solver_is_installed(name: str) -> None:
+    from lightning_memplan.forecasting.validate import resolve_solver
     from lightning_memplan.solvers import get_solver
 
-    assert mp_compile.resolve_solver(name)[1] is get_solver(name)
+    assert resolve_solver(name)[1] is get_solver(name)
     k = run(memplan_backend(budget=0.5, solver=name, inner="aot_eager")).regions[0].knapsack
     assert k.solver == name
     assert sorted(k.saved_idx + k.recomputed_idx) == list(range(len(k.names)))

@@ -103,7 +103,7 @@ def test_events_and_the_forecast_laid_out_with_them() -> None:
     big = EagerLoss(outputs_bytes=10**6, outputs_kept_bytes=0, kept_bytes=10**6, backward_peak_bytes=3 * 10**6,
                     output_grad_bytes=10**6)
     laid = fc.with_eager_loss(big)
-    (plan,) = fc._parts[0]
+    (plan,) = fc._parts.plans
     # the loss's backward peaks on top of what the forward left (saved activations) and what the
     # loss kept: 1 MB kept + 3 MB of its backward
     assert laid.peak_bytes == plan.fw_retained + 4 * 10**6 and laid.eager_loss == big
@@ -124,19 +124,20 @@ def test_events_and_the_forecast_laid_out_with_them() -> None:
 
 
 def test_the_outputs_gradients_die_at_the_backwards_last_read_of_its_incoming_gradient() -> None:
-    from lightning_memplan.forecasting.step_forecast import _layout, _Plan
+    from lightning_memplan.forecasting.layout import lay_out
+    from lightning_memplan.forecasting.regions import RegionPlan
 
-    def plan(last_use: int | None) -> _Plan:
-        return _Plan(index=0, method="fx", fw_nodes=("a",), fw_timeline=(10,), fw_retained=10, saved=10,
+    def plan(last_use: int | None) -> RegionPlan:
+        return RegionPlan(index=0, method="fx", fw_nodes=("a",), fw_timeline=(10,), fw_retained=10, saved=10,
                      bw_nodes=("b0", "b1", "b2", "b3"), bw_timeline=(0, 100, 50, 300), bw_end=0, bw_peak=300,
                      bw_grads_at_peak=0, gradients=0, tangents=4, tangents_in_timeline=True, grad_copy=0,
                      tangent_last_use=last_use)
 
     # held 1000 B through step 1 (the last read): the backward's own peak (300) comes after it died
-    _, peak, _ = _layout([plan(1)], None, bw_hold={0: 1000})
+    _, peak, _ = lay_out([plan(1)], None, bw_hold={0: 1000})
     assert peak == 1000 + 100
     # unknown last read: held through the whole backward, an upper bound
-    _, peak, _ = _layout([plan(None)], None, bw_hold={0: 1000})
+    _, peak, _ = lay_out([plan(None)], None, bw_hold={0: 1000})
     assert peak == 1000 + 300
 
 
@@ -153,7 +154,7 @@ def test_under_inductor_the_realized_stand_in_gradient_holds_the_outputs_gradien
                      output_grad_bytes=64 * 512 * 4)
     no_grads = dataclasses.replace(loss, output_grad_bytes=0)
     ind = forecast(model, (x,), budget=1.0, backend="inductor")
-    assert ind._parts[0][0].method == "inductor_wrapper"
+    assert ind._parts.plans[0].method == "inductor_wrapper"
     assert ind.with_eager_loss(loss).peak_bytes == ind.with_eager_loss(no_grads).peak_bytes
     fx = forecast(model, (x,), budget=1.0, backend="aot_eager")
     assert fx.with_eager_loss(loss).peak_bytes > fx.with_eager_loss(no_grads).peak_bytes

@@ -155,7 +155,7 @@ def test_backend_arguments_for_emulated_checkpointing_are_checked() -> None:
 
 
 def test_blocks_are_found_by_module_id_or_by_source_path() -> None:
-    from lightning_memplan.forecasting.backend import _owner
+    from lightning_memplan.forecasting.sweep import _owner
 
     blocks = ("blocks.0", "blocks.10")
     assert _owner({"140": ("L['self'].blocks.0", nn.Module)}, blocks, {"140": "blocks.0"}) == "blocks.0"

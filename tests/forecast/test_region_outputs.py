@@ -1,5 +1,5 @@
 """A region's outputs that a later region's backward holds last die inside that backward
-(forecasting._layout's ``early``, measured by MemplanBackend.early_frees on a steady run)."""
+(forecasting.layout.lay_out's ``early``, measured by MemplanBackend.early_frees on a steady run)."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_memplan import forecast, measure_peak
-from lightning_memplan.forecasting.step_forecast import _layout, _Plan
+from lightning_memplan.forecasting.layout import lay_out, run_order
+from lightning_memplan.forecasting.regions import RegionPlan
 
 
 class LossInside(nn.Module):
@@ -35,22 +36,20 @@ def test_logits_die_in_the_loss_regions_backward() -> None:
     x, y = torch.randn(256, 64), torch.arange(256) % 4000
     fc = forecast(model, (x, y), budget=0.5, backend="aot_eager", loss_fn=lambda out: out[1])
     assert len(fc.regions) >= 2
-    (consumer, freed), = fc._parts[4].items()
+    (consumer, freed), = fc._parts.early.items()
     logits = 256 * 4000 * 4
     assert freed == {consumer - 1: logits}
     fc.step()
     measured = measure_peak(fc.step)
     assert abs(fc.peak_bytes / measured - 1) < 0.01, (fc.peak_bytes, measured)
     # without it, the logits are counted through the loss region's backward
-    plans, executions, opt, _, _ = fc._parts
-    from lightning_memplan.forecasting.step_forecast import _executed
-
-    _, held, _ = _layout(_executed(list(plans), executions), opt)
+    parts = fc._parts
+    _, held, _ = lay_out(run_order(parts.plans, parts.executions), parts.optimizer)
     assert held >= measured + 0.9 * logits
 
 
-def _plan(index: int, *, retained: int, saved: int, bw: tuple[int, ...], last_use: int | None) -> _Plan:
-    return _Plan(index=index, method="fx", fw_nodes=("f",), fw_timeline=(retained,), fw_retained=retained,
+def _plan(index: int, *, retained: int, saved: int, bw: tuple[int, ...], last_use: int | None) -> RegionPlan:
+    return RegionPlan(index=index, method="fx", fw_nodes=("f",), fw_timeline=(retained,), fw_retained=retained,
                  saved=saved, bw_nodes=tuple(f"b{k}" for k in range(len(bw))), bw_timeline=bw, bw_end=0,
                  bw_peak=max(bw), bw_grads_at_peak=0, gradients=0, tangents=0, tangents_in_timeline=True,
                  grad_copy=0, input_last_use=last_use)
@@ -61,12 +60,12 @@ def test_layout_frees_the_outputs_after_the_last_read_of_the_activation_inputs()
     # then makes 500 B of temporaries
     plans = [_plan(0, retained=1000, saved=0, bw=(0, 0), last_use=None),
              _plan(1, retained=10, saved=10, bw=(10, 10, 510, 0), last_use=1)]
-    timeline, peak, _ = _layout(plans, None)
+    timeline, peak, _ = lay_out(plans, None)
     assert peak == 1000 + 510
-    timeline, peak, _ = _layout(plans, None, early={1: {0: 1000}})
+    timeline, peak, _ = lay_out(plans, None, early={1: {0: 1000}})
     assert peak == 1000 + 10  # the 500 B come after the outputs died
     assert [t.bytes for t in timeline if t.region == 0 and t.phase == "backward"] == [0, 0]
     # no later read known: they die at the end of that backward (the peak inside stands)
     late = [plans[0], _plan(1, retained=10, saved=10, bw=(10, 10, 510, 0), last_use=None)]
-    _, peak, _ = _layout(late, None, early={1: {0: 1000}})
+    _, peak, _ = lay_out(late, None, early={1: {0: 1000}})
     assert peak == 1000 + 510

@@ -1,0 +1,161 @@
+"""Compile one training step with a :class:`~lightning_memplan.forecasting.backend.MemplanBackend` by
+running its forward and backward once, leaving the model as it was, and record what the run called.
+
+One step is: forward and loss compiled together (``loss_fn(model(*inputs))``; default
+``output.sum()``), backward, then ``optimizer.step()`` and ``optimizer.zero_grad(set_to_none=True)``
+when an optimizer is given (without one, the parameters' ``.grad`` is set back to ``None``).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from lightning_memplan._torch import compat as _compat
+from lightning_memplan.core.fresh_code import fresh_function
+from lightning_memplan.forecasting.backend import MemplanBackend
+from lightning_memplan.forecasting.unit_compile import UnitCompile
+
+__all__ = ["CompiledStep", "compile_step"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledStep:
+    """A training step compiled by :func:`compile_step`, and what its compiling run recorded."""
+
+    model: nn.Module
+    #: The batch, ``model(*inputs)``.
+    inputs: tuple[Any, ...]
+    optimizer: torch.optim.Optimizer | None
+    #: ``model.parameters()``, in order.
+    params: tuple[torch.Tensor, ...]
+    #: One training step with the compiled plan; returns the (detached) loss.
+    step: Callable[[], torch.Tensor]
+    #: Wall seconds of the compiling run (forward and backward).
+    compile_seconds: float
+    #: The model's FSDP2 units; ``None`` without FSDP2.
+    fsdp: _compat.Fsdp2Units | None
+    #: Region indices the run called, in order (:attr:`MemplanBackend.executions`).
+    executions: tuple[int, ...]
+    #: The FSDP2 unit each of those calls ran in, aligned with ``executions`` (:attr:`MemplanBackend.owners`).
+    owners: tuple[int | None, ...]
+    #: ``{(position j, position i): bytes}`` of outputs that a later call's backward held last
+    #: (:attr:`MemplanBackend.early_frees`).
+    early: Mapping[tuple[int, int], int]
+
+
+def _make_loss(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None) -> Callable[..., torch.Tensor]:
+    """``inputs -> loss_fn(model(*inputs))`` (default ``.sum()``), a fresh code object (dynamo compiles it anew)."""
+
+    def memplan_loss(*inputs: Any) -> torch.Tensor:
+        out = model(*inputs)
+        return loss_fn(out) if loss_fn is not None else out.sum()
+
+    return fresh_function(memplan_loss)
+
+
+@contextlib.contextmanager
+def _no_side_effects(model: nn.Module, devices: list[int]) -> Iterator[None]:
+    """Restore grads, buffers and RNG after a compile run, so ``forecast`` leaves the model as it was."""
+    grads = {p: p.grad for p in model.parameters()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    for p in grads:
+        p.grad = None
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            for p, g in grads.items():
+                p.grad = g
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+
+
+def compile_step(
+    be: MemplanBackend,
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    optimizer: torch.optim.Optimizer | None,
+) -> CompiledStep:
+    """Compile one training step with ``be`` by running forward and backward once (model restored:
+    gradients, buffers and the RNG; under FSDP2 the backward graphs are compiled with the forward and
+    not run). With several regions the run is made twice, the second watching where each region's
+    outputs die (``be.early_frees``). The optimizer is not stepped."""
+    # static: a forecast is of these inputs' shapes. With dynamic=None, dynamo's profile of earlier
+    # compiles of the same code in this process (automatic_dynamic_local_pgo) could make it a
+    # dynamic-shape graph, and AOTAutograd would mark the caller's tensors dynamic for later compiles.
+    compile_kwargs = {"dynamic": False, **_compat.isolated_compile_kwargs()}
+    whole = torch.compile(_make_loss(model, loss_fn), backend=be, **compile_kwargs)
+    params = [p for p in model.parameters()]
+    fsdp = _compat.fsdp2_units(model)
+    groups = fsdp.groups if fsdp is not None else ()
+    be.call_owner = (lambda: _compat.fsdp2_active_unit(groups)) if fsdp is not None else None
+    units = UnitCompile(model, be, compile_kwargs)  # FSDP2 units: each compiled on its own
+
+    def compiled(*args: Any) -> torch.Tensor:
+        with units.installed():
+            return whole(*args)
+
+    def step() -> torch.Tensor:
+        loss = compiled(*inputs)
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            for p in params:
+                p.grad = None
+        return loss.detach()
+
+    devices = sorted({t.device.index or 0 for t in [*params, *inputs] if t.device.type == "cuda"})
+    t0 = time.perf_counter()
+    be.executions.clear()
+    be.owners.clear()
+    be.early_frees.clear()
+    be._position_outputs.clear()
+    be.recording = True  # which regions one step runs, and how often
+    try:
+        with _no_side_effects(model, devices):
+            eager_bw = _compat.eager_backward_compile() if fsdp is not None else None
+            if eager_bw is not None:
+                # FSDP2: its backward hooks would reshard and reduce-scatter (inside a strategy's
+                # forward, the root must stay unsharded): compile the backwards without running them
+                with eager_bw:
+                    compiled(*inputs)
+            else:
+                _backward_without_hooks(compiled(*inputs), [*params, *inputs])
+                if len(be.regions) > 1:
+                    # the compiling run's region outputs are held by the compiles of the later regions
+                    # (their example inputs): watch where they die (be.early_frees) on a steady run
+                    be.executions.clear()
+                    be.owners.clear()
+                    be.early_frees.clear()
+                    be._position_outputs.clear()
+                    _backward_without_hooks(compiled(*inputs), [*params, *inputs])
+    finally:
+        be.recording = False
+    seconds = time.perf_counter() - t0
+    return CompiledStep(model=model, inputs=inputs, optimizer=optimizer, params=tuple(params), step=step,
+                        compile_seconds=seconds, fsdp=fsdp, executions=tuple(be.executions),
+                        owners=tuple(be.owners), early=dict(be.early_frees))
+
+
+def _backward_without_hooks(loss: torch.Tensor, leaves: list[torch.Tensor]) -> None:
+    """Run ``loss``'s backward (compiling it) without accumulating into ``.grad``.
+
+    ``torch.autograd.grad`` stops at ``leaves`` instead of running their AccumulateGrad nodes, so the
+    hooks strategies put there (DDP's gradient reducer, FSDP's post-backward reshard) do not fire:
+    the forecast may run inside a strategy's forward, where those hooks must not run.
+    """
+    targets = [t for t in leaves if t.requires_grad]
+    if not targets:
+        loss.backward()
+        return
+    torch.autograd.grad(loss, targets, allow_unused=True)

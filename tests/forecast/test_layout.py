@@ -1,0 +1,94 @@
+"""The step's layout (forecasting.layout): the peak tracker, and small timelines computed by hand."""
+from __future__ import annotations
+
+from lightning_memplan.forecasting.layout import (
+    PeakTracker,
+    StepParts,
+    lay_out,
+    lay_out_calls,
+    run_order,
+)
+from lightning_memplan.forecasting.optim_memory import OptimizerMemory
+from lightning_memplan.forecasting.regions import RegionPlan
+
+
+def _plan(index: int, *, fw: tuple[int, ...], retained: int, saved: int, bw: tuple[int, ...], bw_end: int,
+          gradients: int, grads_at_peak: int = 0, input_last_use: int | None = None) -> RegionPlan:
+    return RegionPlan(index=index, method="fx", fw_nodes=tuple(f"f{k}" for k in range(len(fw))), fw_timeline=fw,
+                      fw_retained=retained, saved=saved, bw_nodes=tuple(f"b{k}" for k in range(len(bw))),
+                      bw_timeline=bw, bw_end=bw_end, bw_peak=max(bw), bw_grads_at_peak=grads_at_peak,
+                      gradients=gradients, tangents=0, tangents_in_timeline=True, grad_copy=0,
+                      param_gradients=gradients, input_last_use=input_last_use)
+
+
+def test_the_tracker_starts_at_zero_and_ignores_totals_not_above_it() -> None:
+    t = PeakTracker()
+    assert (t.peak, t.at_peak) == (0, (0, 0, 0, 0))
+    t.see(0, gradients=0, fsdp=0)
+    t.see(-5, gradients=0, fsdp=0)
+    assert (t.peak, t.at_peak) == (0, (0, 0, 0, 0))
+
+
+def test_the_tracker_keeps_the_split_at_the_peak_whatever_is_released_after_it() -> None:
+    t = PeakTracker()
+    t.see(100, gradients=30, fsdp=10)
+    assert (t.peak, t.at_peak) == (100, (60, 30, 0, 10))
+    t.see(80, gradients=80, fsdp=0)  # lower: the gradients came after activations were released
+    t.see(100, gradients=100, fsdp=0)  # a tie keeps the first split
+    assert (t.peak, t.at_peak) == (100, (60, 30, 0, 10))
+    t.see(150, gradients=20, fsdp=0, temporaries=50)
+    assert (t.peak, t.at_peak) == (150, (80, 20, 50, 0))
+    assert sum(t.at_peak) == t.peak
+
+
+def test_a_peak_inside_a_regions_forward_is_counted() -> None:
+    # the forward peaks at 700 B inside the region and leaves 300 B (200 B saved, 100 B of output);
+    # the backward starts above the output (100 B) and peaks at 100 + 450
+    p = _plan(0, fw=(100, 700, 300), retained=300, saved=200, bw=(200, 450), bw_end=150, gradients=150)
+    timeline, peak, at_peak = lay_out([p], None)
+    assert [(t.phase, t.node, t.bytes) for t in timeline] == [
+        ("forward", "f0", 100), ("forward", "f1", 700), ("forward", "f2", 300),
+        ("backward", "b0", 300), ("backward", "b1", 550)]
+    assert (peak, at_peak) == (700, (700, 0, 0, 0))
+
+
+def test_the_optimizer_steps_on_top_of_the_gradients() -> None:
+    p = _plan(0, fw=(100, 700, 300), retained=300, saved=200, bw=(200, 450), bw_end=150, gradients=150)
+    opt = OptimizerMemory(state_bytes=0, step_peak_bytes=600, state_source="simulated")
+    timeline, peak, at_peak = lay_out([p], opt)
+    # after the backward: the output (100 B) and the gradients (150 B); the step adds 600 B
+    assert [(t.node, t.bytes) for t in timeline[-2:]] == [("step", 850), ("zero_grad", 100)]
+    assert (peak, at_peak) == (850, (100, 150, 600, 0))
+
+
+def _chain() -> list[RegionPlan]:
+    # region 0 leaves 50 B: 30 B saved, 20 B of outputs that region 1 reads; region 1 leaves 40 B:
+    # 30 B saved, 10 B of output (the loss)
+    return [_plan(0, fw=(50,), retained=50, saved=30, bw=(30, 80, 10), bw_end=10, gradients=10),
+            _plan(1, fw=(100, 40), retained=40, saved=30, bw=(30, 130, 20), bw_end=20, gradients=20,
+                  grads_at_peak=20, input_last_use=0)]
+
+
+def test_backwards_release_in_reverse_and_each_regions_outputs_die_at_its_own_backward() -> None:
+    timeline, peak, at_peak = lay_out(_chain(), None)
+    assert [(t.phase, t.region, t.bytes) for t in timeline] == [
+        ("forward", 0, 50), ("forward", 1, 150), ("forward", 1, 90),
+        # region 1's backward starts at 90 - 30 = 60: region 0's 20 B of outputs are still live
+        ("backward", 1, 90), ("backward", 1, 190), ("backward", 1, 80),
+        # then region 0's, at 80 - 30 (its saved) - 20 (its outputs, released now) = 30
+        ("backward", 0, 60), ("backward", 0, 110), ("backward", 0, 40)]
+    assert (peak, at_peak) == (190, (170, 20, 0, 0))
+
+
+def test_outputs_a_later_backward_held_last_are_released_after_its_last_read() -> None:
+    # region 1's backward reads region 0's outputs last at its step 0: they die before its peak
+    timeline, peak, at_peak = lay_out(_chain(), None, early={1: {0: 20}})
+    assert [t.bytes for t in timeline if t.phase == "backward"] == [90, 170, 60, 60, 110, 40]
+    assert (peak, at_peak) == (170, (150, 20, 0, 0))
+
+
+def test_one_call_laid_out_from_its_parts_is_the_plain_layout() -> None:
+    plans = _chain()
+    parts = StepParts(plans=tuple(reversed(plans)), executions=(0, 1), early={1: {0: 20}})
+    assert [p.index for p in run_order(parts.plans, parts.executions)] == [0, 1]
+    assert lay_out_calls([parts]) == lay_out(plans, None, early={1: {0: 20}})
