@@ -34,30 +34,32 @@ from lightning_memplan.forecasting.eager_loss import (
 from lightning_memplan.forecasting.optim_memory import optimizer_memory
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy, checkpointed
+from lightning_memplan.planner.decision import decide_plan, rejudge_plan
+from lightning_memplan.planner.messages import PlanWarning, uncompiled_warnings
+from lightning_memplan.planner.plan_forecast import (
+    forecast_plan,
+    lay_out_step,
+    other_call_forecasts,
+)
 from lightning_memplan.planner.precompiled import compiled_by_user
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
-from lightning_memplan.planner.step import (
+from lightning_memplan.planner.settings import (
     PlanSettings,
-    PlanWarning,
+    check_submodule,
+    resolve_submodule,
+)
+from lightning_memplan.planner.step_model import (
     TrainingLoop,
     call_signature,
-    check_submodule,
-    decide_plan,
-    forecast_plan,
     fresh_input_bytes,
     grad_bytes,
     gradless_bytes,
     gradless_parameters,
     input_storages,
-    lay_out_step,
     made_input_bytes,
-    other_call_forecasts,
     other_optimizer_state_bytes,
-    rejudge_plan,
-    resolve_submodule,
     step_grad_bytes,
     storage_keys,
-    uncompiled_warnings,
 )
 
 __all__ = ["plan_memory"]
