@@ -108,8 +108,9 @@ def plans_section(cfg: dict[str, Any], deadline: Deadline, row_s: float,
     from plans import _compile, _time_round_robin
 
     from lightning_memplan.planner.checkpointing import repeated_blocks
-    from lightning_memplan.planner.step import PlanSettings, decide_plan
+    from lightning_memplan.planner.decision import decide_plan
     from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
+    from lightning_memplan.planner.settings import PlanSettings
 
     s, dev, backend = cfg["gpt"], cfg["device"], cfg["backend"]
     torch.manual_seed(0)

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
-from dataclasses import dataclass, field
-from typing import Any
 import sys
+import tempfile
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast import GPT  # noqa: E402  (the forecast benchmark's model)
 
 from lightning_memplan import forecast, measure_peak  # noqa: E402
-from lightning_memplan.planner.checkpointing import checkpoint_candidates, checkpointed, repeated_blocks  # noqa: E402
-from lightning_memplan.planner.step import PlanSettings, decide_plan  # noqa: E402
+from lightning_memplan.planner.checkpointing import (  # noqa: E402
+    checkpoint_candidates,
+    checkpointed,
+    repeated_blocks,
+)
+from lightning_memplan.planner.decision import decide_plan  # noqa: E402
 from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS  # noqa: E402
+from lightning_memplan.planner.settings import PlanSettings  # noqa: E402
 from lightning_memplan.units import format_bytes  # noqa: E402
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,37 +26,27 @@ from lightning_memplan._torch import compat as _compat
 from lightning_memplan.core.instance_patch import instance_attributes
 from lightning_memplan.forecasting.eager_loss import (
     EagerCalls,
-    EagerLoss,
     measure_eager_losses,
     parameters_reached,
 )
-from lightning_memplan.forecasting.optim_memory import optimizer_memory
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.checkpointing import CheckpointPolicy, checkpointed
+from lightning_memplan.planner.checkpointing import CheckpointPolicy
+from lightning_memplan.planner.pipeline import StepObservation, plan_step
 from lightning_memplan.planner.precompiled import compiled_by_user
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
-from lightning_memplan.planner.step import (
+from lightning_memplan.planner.settings import (
     PlanSettings,
-    PlanWarning,
+    check_submodule,
+    resolve_submodule,
+)
+from lightning_memplan.planner.step_model import (
     TrainingLoop,
     call_signature,
-    check_submodule,
-    decide_plan,
-    forecast_plan,
     fresh_input_bytes,
-    grad_bytes,
-    gradless_bytes,
-    gradless_parameters,
     input_storages,
-    lay_out_step,
     made_input_bytes,
-    other_call_forecasts,
     other_optimizer_state_bytes,
-    rejudge_plan,
-    resolve_submodule,
-    step_grad_bytes,
     storage_keys,
-    uncompiled_warnings,
 )
 
 __all__ = ["plan_memory"]
@@ -167,30 +156,16 @@ def _forward_arguments(model: LightningModule, batch: Any, target: nn.Module | N
     return captured["call"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _ProbedStep:
     """What one run of ``training_step`` showed, for the plan (see :func:`_probe_step`)."""
 
     #: The arguments of the first call of the planned forward.
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    #: Calls of the planned forward in the step.
-    calls: int
-    #: Bytes of the fresh inputs of each call after the first (``Forecast.repeated``).
-    fresh: list[int] | int
-    #: The eager code between the forward and the backward, one per call (empty: not measured).
-    eager_losses: tuple[EagerLoss, ...]
-    #: Bytes of the first call's inputs training_step made (not in the batch).
-    made: int
-    #: ``id``s of the parameters the loss's eager code gives gradients (the forward ran without
-    #: autograd here: its own parameters are the compiled graphs', ``Forecast.compiled_parameter_ids``).
-    reached: frozenset[int] = frozenset()
-    #: ``manual_backward`` calls in the step (manual optimization; 0 under automatic optimization).
-    backwards: int = 0
-    #: Per call: its arguments' shapes (``call_signature``); the arguments of one call of each
-    #: signature other than the first call's (forecast on their own: ``Forecast.with_calls``).
-    signatures: tuple[tuple[Any, ...], ...] = ()
-    others: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    #: How the step called it; the forward ran without autograd, so the parameters reached are the
+    #: eager code's (``eager_reached``) and the compiled graphs' (``Forecast.compiled_parameter_ids``).
+    observed: StepObservation
 
 
 def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: torch.device) -> _ProbedStep | None:
@@ -249,10 +224,11 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         losses = measure_eager_losses(loss, calls, exclude=params_and_batch, forecast_params=target.parameters(),
                                       device=device)
         before = storage_keys(batch, target)
-        return _ProbedStep(args=first[0][0], kwargs=first[0][1], calls=len(noted),
-                           fresh=fresh_input_bytes(inputs, len(noted), before), eager_losses=losses,
-                           made=made_input_bytes(inputs, before), reached=frozenset(parameters_reached(loss)),
-                           backwards=len(backwards), signatures=tuple(signatures), others=others)
+        observed = StepObservation(
+            calls=len(noted), new_input_bytes=fresh_input_bytes(inputs, len(noted), before), eager_losses=losses,
+            made_input_bytes=made_input_bytes(inputs, before), eager_reached=frozenset(parameters_reached(loss)),
+            backwards=len(backwards), signatures=tuple(signatures), others=others)
+        return _ProbedStep(args=first[0][0], kwargs=first[0][1], observed=observed)
     except Exception as exc:  # noqa: BLE001 - planned without it
         rank_zero_info(f"plan_memory: running training_step once to measure the loss on the outputs failed "
                        f"({exc!r}); planning the compiled forward alone.")
@@ -375,47 +351,13 @@ def plan_memory(
                                        other_optimizer_state_bytes=other_optimizer_state_bytes(optimizers))
             # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
             with trainer.strategy.precision_plugin.train_step_context():
-                step = _probe_step(model, batch, target, device)
-                args, kwargs = (step.args, step.kwargs) if step else _forward_arguments(model, batch, target, call)
-                kept: list[Any] = []
-                plan = decide_plan(settings, target, forward, args, kwargs, optimizer, call="plan_memory",
-                                   loop=loop, kept=kept)
-                # (calls of other shapes: the candidates were forecast for the first call's only)
-                if (step is not None and (step.calls > 1 or step.eager_losses or step.made) and plan.candidates
-                        and not step.others):
-                    plan = rejudge_plan(settings, plan, kept, grad_bytes(target), calls=step.calls,
-                                        new_input_bytes=step.fresh, eager_loss=step.eager_losses,
-                                        made_input_bytes=step.made, loop=loop)
-                with checkpointed(target, plan.checkpoint):
-                    plan, fc = forecast_plan(settings, plan, target, forward, args, kwargs, optimizer,
-                                             loop=loop)
-                for message in uncompiled_warnings(target, fc):
-                    warnings.warn(f"plan_memory: {message}", PlanWarning, stacklevel=2)
-                if step is not None and step.backwards > 1:
-                    warnings.warn(
-                        f"plan_memory: training_step ran {step.backwards} backward passes (manual optimization, e.g. a "
-                        "GAN's generator and discriminator steps); the plan covers the planned forward's calls, the "
-                        "code on their outputs, the first backward and one optimizer step, not what runs after the "
-                        "first backward.", PlanWarning, stacklevel=2)
-                if step is not None:
-                    compiled, opt_mem = fc.compiled_parameter_ids, None
-                    if compiled is not None and model.automatic_optimization and not _compat.fsdp_kinds(target).fsdp2:
-                        # the parameters neither the compiled forward nor the eager code reads get no gradient
-                        nograd = fc.compiled_gradless_parameter_ids or frozenset()
-                        reached = (compiled - nograd) | step.reached
-                        loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(target, reached))
-                        gradless = {id(p) for p in gradless_parameters(target, reached)}
-                        if gradless and optimizer is not None:
-                            opt_mem = optimizer_memory(optimizer, gradless=gradless)
-                    if step.others:
-                        with checkpointed(target, plan.checkpoint):
-                            others = other_call_forecasts(settings, plan, target, forward, optimizer, loop, fc,
-                                                          step.signatures, step.others)
-                        fc = fc.with_calls(others, new_input_bytes=step.fresh)
-                    plan, _ = lay_out_step(plan, fc, calls=step.calls, new_input_bytes=step.fresh,
-                                           eager_losses=step.eager_losses, made_input_bytes=step.made, loop=loop,
-                                           grads=step_grad_bytes(target, loop), optimizer=opt_mem)
+                probed = _probe_step(model, batch, target, device)
+                args, kwargs = (probed.args, probed.kwargs) if probed else _forward_arguments(model, batch, target, call)
+                # decide, re-judge for the step, forecast, warn, lay out (planner.pipeline)
+                planned = plan_step(target, settings=settings, args=args, kwargs=kwargs, forward=forward,
+                                    optimizer=optimizer, call="plan_memory", loop=loop,
+                                    step=probed.observed if probed is not None else None)
         finally:
             model.to(home)
             model.train(was_training)
-    return plan
+    return planned.plan

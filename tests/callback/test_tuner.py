@@ -10,7 +10,7 @@ from lightning.pytorch import Trainer
 
 from lightning_memplan import MemPlanCallback
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.step import PlanWarning
+from lightning_memplan.planner.messages import PlanWarning
 from lightning_memplan.tuner import plan_memory
 
 from .models import (

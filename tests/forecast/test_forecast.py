@@ -16,7 +16,7 @@ from lightning_memplan.forecasting.allocations import (
     lightning_order,
     simulate_cuda_allocator,
 )
-from lightning_memplan.planner.step import (
+from lightning_memplan.planner.step_model import (
     TrainingLoop,
     lightning_step_memory,
     lightning_step_timeline,

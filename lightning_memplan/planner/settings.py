@@ -1,0 +1,122 @@
+"""Planning settings: a plan's validated arguments, and the submodule it is for.
+
+:class:`PlanSettings` holds what :class:`~lightning_memplan.MemPlanCallback` or
+:func:`~lightning_memplan.tuner.plan_memory` was given, checked once (every error message names the
+call and the argument); :func:`plan_solver` is the knapsack solver a plan is compiled with;
+:func:`check_submodule` and :func:`resolve_submodule` check and find ``submodule=``. Knows nothing of
+the Trainer.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from torch import nn
+
+from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.checkpointing import CheckpointPolicy, _policy_classes
+from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
+from lightning_memplan.units import parse_bytes
+
+__all__ = ["PlanSettings", "check_submodule", "plan_solver", "resolve_submodule"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSettings:
+    """Validated planning arguments (see :class:`~lightning_memplan.MemPlanCallback` for each)."""
+
+    budget: float | Literal["auto"]
+    max_memory: int | None
+    """Byte target for baseline + step peak, or None."""
+    solver: str | Callable[..., Any]
+    solver_name: str
+    checkpoint: Any
+    """None, ``"auto"`` or a frozenset of module classes."""
+    backend: Literal["inductor", "aot_eager"]
+    candidate_budgets: tuple[float, ...]
+    search_backend: Literal["inductor", "aot_eager"]
+    remat_budgets: tuple[float, ...] = DEFAULT_REMAT_BUDGETS
+    """Whole-graph rematerialization budgets the search adds (``()``: none)."""
+
+    @classmethod
+    def from_args(
+        cls,
+        call: str,
+        *,
+        budget: float | str = "auto",
+        max_memory: int | str | None = None,
+        solver: str | Callable[..., Any] = "dp",
+        checkpoint: CheckpointPolicy = "auto",
+        backend: str = "inductor",
+        candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
+        search_backend: str = "aot_eager",
+        remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
+    ) -> PlanSettings:
+        """Validate the arguments of ``call`` (named in every error message)."""
+        from lightning_memplan.forecasting.backend import (
+            _check_budget,
+            _check_inner,
+            resolve_solver,
+        )
+
+        if isinstance(budget, str):
+            if budget != "auto":
+                close = difflib.get_close_matches(budget.lower(), ["auto"], n=1, cutoff=0.5)
+                hint = " Did you mean 'auto'?" if close else ""
+                raise ValueError(
+                    f"`{call}(budget={budget!r})` is not valid. Expected a float in [0.0, 1.0] or "
+                    f"'auto'.{hint}"
+                )
+        else:
+            budget = _check_budget(budget, call)
+        max_bytes = None if max_memory is None else parse_bytes(max_memory, argument="max_memory")
+        name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
+        if checkpoint is not None and checkpoint != "auto":
+            checkpoint = frozenset(_policy_classes(checkpoint))
+        try:  # a number is not iterable (TypeError); a string iterates into non-budgets (ValueError)
+            remat = tuple(_check_budget(b, call) for b in remat_budgets)
+        except (TypeError, ValueError):
+            raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1] "
+                             "(empty for none).") from None
+        cands = tuple(candidate_budgets)
+        if not cands:
+            raise ValueError(f"`{call}(candidate_budgets={candidate_budgets!r})` is empty. Expected budgets in [0, 1].")
+        return cls(
+            budget=budget, max_memory=max_bytes, solver=solver,
+            solver_name=solver if isinstance(solver, str) else f"custom:{name}",
+            checkpoint=checkpoint, backend=_check_inner(backend, call, "backend"),
+            candidate_budgets=tuple(_check_budget(b, call) for b in cands),
+            search_backend=_check_inner(search_backend, call, "search_backend"),
+            remat_budgets=remat,
+        )
+
+
+def plan_solver(settings: PlanSettings, plan: MemPlan) -> str | Callable[..., Any]:
+    """The solver to compile ``plan`` with: the plan's own when it names one (a search may choose a
+    ``"remat"`` plan; a loaded plan keeps its solver), else the user's callable from ``settings``."""
+    from lightning_memplan.forecasting.backend import SOLVER_NAMES
+
+    return plan.solver if plan.solver in SOLVER_NAMES else settings.solver
+
+
+def check_submodule(path: str | None, call: str) -> str | None:
+    """``path`` if it is None or an attribute path (``"model"``, ``"model.backbone"``), else a ValueError."""
+    if path is not None and (not isinstance(path, str) or not all(p.isidentifier() for p in path.split("."))):
+        raise ValueError(f"`{call}(submodule={path!r})` must be None or an attribute path of the "
+                         "LightningModule such as 'model' or 'model.backbone'.")
+    return path
+
+
+def resolve_submodule(module: nn.Module, path: str | None, call: str) -> nn.Module:
+    """``module`` itself (``path`` None) or its submodule at ``path``; a ValueError naming the
+    argument and ``module``'s children when there is none."""
+    if path is None:
+        return module
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        children = [name for name, _ in module.named_children()]
+        raise ValueError(f"`{call}(submodule={path!r})`: {type(module).__name__} has no submodule {path!r}; "
+                         f"its children are {children}.") from None
