@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forecast import GPT  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
-from lightning_memplan.forecasting.backend import memplan_backend  # noqa: E402
+from lightning_memplan.forecasting.backend import memplan_backend
 
 
 class LitGPT(LightningModule):

@@ -14,7 +14,7 @@ __all__ = ["Forecast", "MemPlanCallback", "__version__", "forecast", "measure_pe
 # torch-backed entry points load on first use, so the pure packages import without torch
 # (the module is `forecasting`, not `forecast`: a submodule would shadow the function)
 _LAZY = {
-    "Forecast": "lightning_memplan.forecasting.step_forecast",
+    "Forecast": "lightning_memplan.forecasting.result",
     "forecast": "lightning_memplan.forecasting.step_forecast",
     "measure_peak": "lightning_memplan.measure",
     "MemPlanCallback": "lightning_memplan.callback.memplan_callback",

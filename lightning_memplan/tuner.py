@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import move_data_to_device, rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.storages import tree_leaves, tree_map
 from lightning_memplan.core.instance_patch import instance_attributes
 from lightning_memplan.forecasting.eager_loss import (
     EagerCalls,
@@ -196,7 +196,7 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         if signatures[-1] != signatures[0]:
             others.setdefault(signatures[-1], (args, kwargs))
         with torch.no_grad():
-            out = _compat.tree_map(leaf, original(*args, **kwargs))
+            out = tree_map(leaf, original(*args, **kwargs))
         eager.returned(out)
         return out
 
@@ -215,10 +215,10 @@ def _probe_step(model: LightningModule, batch: Any, target: nn.Module, device: t
         if not first or not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not any(n.edges for n in noted):
             return None
         params_and_batch = [*model.parameters(), *model.buffers(),
-                            *(t for t in _compat.tree_leaves(batch) if isinstance(t, torch.Tensor))]
+                            *(t for t in tree_leaves(batch) if isinstance(t, torch.Tensor))]
         # a leaf is held by its AccumulateGrad node, so every output looks alive here: only those
         # training_step returned stay alive in fit (the loss's saved ones are found by the walk)
-        returned = {id(t) for t in _compat.tree_leaves(result) if isinstance(t, torch.Tensor)}
+        returned = {id(t) for t in tree_leaves(result) if isinstance(t, torch.Tensor)}
         calls = [dataclasses.replace(c, alive=[t for t in c.alive if id(t) in returned])
                  for c in eager.now()]
         losses = measure_eager_losses(loss, calls, exclude=params_and_batch, forecast_params=target.parameters(),

@@ -157,13 +157,12 @@ def test_the_pure_layers_import_without_torch() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-#: Modules still over the limit while the restructure (issue 21) splits them; it may only shrink.
-OVER_LIMIT: set[str] = set()
+
 
 
 def test_no_module_is_over_600_lines() -> None:
     long = {m for m, p in _modules().items() if len(p.read_text().splitlines()) > 600}
-    assert long == OVER_LIMIT
+    assert long == set()
 
 
 def test_the_package_root_holds_few_modules() -> None:

@@ -33,25 +33,16 @@ from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.core.fresh_code import fresh_function
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
-from lightning_memplan.forecasting.step_forecast import Forecast
+from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.unit_compile import UnitCompile
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import checkpointed
 from lightning_memplan.planner.search import replan_candidate
-from lightning_memplan.planner.step import (
-    PlanWarning,
-    TrainingLoop,
-    decide_plan,
-    forecast_plan,
-    gradless_parameters,
-    lay_out_step,
-    live_grad_bytes,
-    other_call_forecasts,
-    plan_solver,
-    rejudge_plan,
-    step_grad_bytes,
-    uncompiled_warnings,
-)
+from lightning_memplan.planner.decision import decide_plan, rejudge_plan
+from lightning_memplan.planner.messages import PlanWarning, uncompiled_warnings
+from lightning_memplan.planner.plan_forecast import forecast_plan, lay_out_step, other_call_forecasts
+from lightning_memplan.planner.settings import plan_solver
+from lightning_memplan.planner.step_model import gradless_parameters, live_grad_bytes, step_grad_bytes, TrainingLoop
 from lightning_memplan.units import format_bytes
 
 __all__ = ["PlanController"]

@@ -18,16 +18,14 @@ from torch import nn
 from lightning_memplan._torch.fsdp import fsdp2_backward_hooks_inert
 from lightning_memplan._torch.storages import tree_leaves
 from lightning_memplan.forecasting.eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
-from lightning_memplan.forecasting.step_forecast import Forecast
-from lightning_memplan.planner.step import (
-    PlanWarning,
+from lightning_memplan.forecasting.result import Forecast
+from lightning_memplan.planner.messages import eager_forward_warning, PlanWarning, uncompiled_warnings
+from lightning_memplan.planner.step_model import (
     call_signature,
-    eager_forward_warning,
     fresh_input_bytes,
     input_storages,
     made_input_bytes,
     storage_keys,
-    uncompiled_warnings,
 )
 
 __all__ = ["FirstBatchProfile", "held_returned"]

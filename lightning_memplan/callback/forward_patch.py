@@ -10,7 +10,7 @@ from torch import nn
 
 from lightning_memplan.core.instance_patch import instance_attributes
 from lightning_memplan.planner.precompiled import compiled_by_user
-from lightning_memplan.planner.step import PlanWarning
+from lightning_memplan.planner.messages import PlanWarning
 
 __all__ = ["ForwardPatch", "has_submodule"]
 

@@ -32,11 +32,12 @@ from lightning_memplan.callback.planned_forward import FitParts, PlannedForward
 from lightning_memplan.callback.strategy import max_over_ranks
 from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.forecasting.eager_loss import EagerLoss
-from lightning_memplan.forecasting.step_forecast import Forecast
+from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
-from lightning_memplan.planner.step import PlanWarning, resolve_submodule
+from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.settings import resolve_submodule
 
 __all__ = ["MemPlanCallback", "MemPlanWarning"]
 
@@ -174,7 +175,7 @@ class MemPlanCallback(Callback):
         #: Measured peak (bytes above the batch's starting bytes) of each measured batch, per epoch.
         self.measured: list[list[int]] = []
         #: The input shapes of each measured batch, aligned with :attr:`measured`: the
-        #: ``planner.step.call_signature`` (shape, dtype, device type of each tensor argument) of the
+        #: ``planner.step_model.call_signature`` (shape, dtype, device type of each tensor argument) of the
         #: batch's first training call of the planned forward; ``None`` where it was not noted
         #: (``forecast_new_shapes=False``).
         self.measured_shapes: list[list[tuple[Any, ...] | None]] = []
@@ -233,7 +234,7 @@ class MemPlanCallback(Callback):
 
     @property
     def planned_signature(self) -> tuple[Any, ...] | None:
-        """The input shapes (``planner.step.call_signature``) the plan in force was forecast at."""
+        """The input shapes (``planner.step_model.call_signature``) the plan in force was forecast at."""
         return self._fit.shapes.planned
 
     # ------------------------------------------------------------------ checkpoints

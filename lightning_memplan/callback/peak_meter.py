@@ -13,7 +13,7 @@ import torch
 
 __all__ = ["PeakMeter"]
 
-#: The input shapes a measured batch ran (``planner.step.call_signature``), or ``None`` where not noted.
+#: The input shapes a measured batch ran (``planner.step_model.call_signature``), or ``None`` where not noted.
 Signature = tuple[Any, ...] | None
 
 

@@ -16,7 +16,7 @@ from lightning_memplan.callback.phase import FitProgress
 from lightning_memplan.callback.recompiles import RecompileWatch
 from lightning_memplan.callback.shapes import ShapeTracker
 from lightning_memplan.callback.trainer_view import TrainerView
-from lightning_memplan.planner.step import call_signature, input_storages
+from lightning_memplan.planner.step_model import call_signature, input_storages
 
 __all__ = ["FitParts", "PlannedForward"]
 

@@ -5,9 +5,9 @@ import warnings
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_memplan._torch.compat import recompile_limit
+from lightning_memplan._torch.dynamo import recompile_limit
 from lightning_memplan.callback.compile_watch import CompileRecord, WatchedBackend, describe_shapes
-from lightning_memplan.planner.step import PlanWarning
+from lightning_memplan.planner.messages import PlanWarning
 
 __all__ = ["RecompileWatch"]
 

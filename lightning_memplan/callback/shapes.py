@@ -2,7 +2,7 @@
 batch): which shapes ran, which dynamo compiled a static graph for, what a forecast at them needs,
 and each epoch's prediction from the forecasts of the shapes its measured batches ran.
 
-Shapes are ``planner.step.call_signature``s (shape, dtype, device type of each tensor argument);
+Shapes are ``planner.step_model.call_signature``s (shape, dtype, device type of each tensor argument);
 sizes in bytes. The forecasts themselves are made by the plan controller.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning_memplan.forecasting.eager_loss import EagerLoss, scaled_eager_loss
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.step import call_signature, input_storages, made_input_bytes, storage_keys
+from lightning_memplan.planner.step_model import call_signature, input_storages, made_input_bytes, storage_keys
 
 __all__ = ["ShapeCall", "ShapeTracker"]
 

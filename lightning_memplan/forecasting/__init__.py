@@ -17,8 +17,12 @@ __all__ = ["Forecast", "forecast"]
 
 def __getattr__(name: str) -> Any:
     # lazy: the submodules import one another, and importing one must not import them all
-    if name in __all__:
-        from lightning_memplan.forecasting import step_forecast
+    if name == "forecast":
+        from lightning_memplan.forecasting.step_forecast import forecast
 
-        return getattr(step_forecast, name)
+        return forecast
+    if name == "Forecast":
+        from lightning_memplan.forecasting.result import Forecast
+
+        return Forecast
     raise AttributeError(f"module 'lightning_memplan.forecasting' has no attribute {name!r}")

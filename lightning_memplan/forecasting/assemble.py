@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.fsdp import Fsdp2Units
+from lightning_memplan._torch.storages import unique_storages
 from lightning_memplan.core.fsdp_memory import Collectives, Point, fsdp_step_events
 from lightning_memplan.core.fsdp_memory import Event as FsdpEvent
 from lightning_memplan.forecasting.allocations import (
@@ -81,9 +82,9 @@ def assemble_forecast(run: CompiledStep, plan: PlanCapture, *, opt_mem: Optimize
     problems: list[str] = [f"region {r.index}: {e}" for r in plan.regions for e in r.errors]
     seen: set[int] = set()
     storages = {
-        "parameters": _compat.unique_storages(run.params, seen),
-        "buffers": _compat.unique_storages(list(run.model.buffers()), seen),
-        "inputs": _compat.unique_storages(list(run.inputs), seen),
+        "parameters": unique_storages(run.params, seen),
+        "buffers": unique_storages(list(run.model.buffers()), seen),
+        "inputs": unique_storages(list(run.inputs), seen),
     }
     baseline = {k: sum(n for n, _ in v) for k, v in storages.items()}
     if opt_mem is None and run.optimizer is not None:
@@ -183,7 +184,7 @@ def _allocations(plans: list[RegionPlan], opt: OptimizerMemory | None,
                                new_state=() if existing else state)
 
 
-def _fsdp_overlay(fsdp: _compat.Fsdp2Units, plans: list[RegionPlan], executions: Sequence[int],
+def _fsdp_overlay(fsdp: Fsdp2Units, plans: list[RegionPlan], executions: Sequence[int],
                   owners: Sequence[int | None], device: str, problems: list[str]) -> dict[Point, list[FsdpEvent]]:
     """FSDP2's buffers as layout events (``overlay`` of :func:`~lightning_memplan.forecasting.layout.lay_out`)
     at the calls of :func:`~lightning_memplan.forecasting.layout.run_order`'s run (``owners`` aligned
@@ -221,7 +222,7 @@ def _run_early(plans: Sequence[RegionPlan], executions: Sequence[int],
     return out
 
 
-def _fsdp_unit_chain_early(fsdp: _compat.Fsdp2Units, run: Sequence[RegionPlan], executions: Sequence[int],
+def _fsdp_unit_chain_early(fsdp: Fsdp2Units, run: Sequence[RegionPlan], executions: Sequence[int],
                            owners: Sequence[int | None]) -> dict[int, dict[int, int]]:
     """Where FSDP2 units' outputs die, when no steady run could watch them (under FSDP2 the
     backward is compiled, not run): by position in ``run`` (:func:`~lightning_memplan.forecasting.layout.run_order`'s),

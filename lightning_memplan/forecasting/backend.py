@@ -34,7 +34,26 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.dynamo import force_disable_caches_patch, lazy_graph_module
+from lightning_memplan._torch.inductor import (
+    compile_fx,
+    compile_fx_inner,
+    inductor_partitioner,
+    probe_inductor_schedule,
+)
+from lightning_memplan._torch.inductor_wrapper import probe_inductor_wrapper
+from lightning_memplan._torch.partitioner import (
+    aot_autograd,
+    boxed_nop,
+    functorch_config,
+    min_cut_rematerialization_partition,
+    node_inputs_of,
+    opaque_handles_patch,
+    probe_partitioner,
+    select_decomp_table,
+)
+from lightning_memplan._torch.storages import storage_key, storage_weakref, tree_leaves
+from lightning_memplan._torch.version import check_torch_version
 from lightning_memplan.forecasting.capture import (
     RegionCapture,
     decide,
@@ -43,9 +62,6 @@ from lightning_memplan.forecasting.capture import (
 )
 from lightning_memplan.forecasting.solver_adapter import solver_adapter_class
 from lightning_memplan.forecasting.sweep import PlanSweep, partition_remat
-from lightning_memplan.forecasting.validate import (  # re-exported for planner/callback until they import from validate
-    SOLVER_NAMES as SOLVER_NAMES,
-)
 from lightning_memplan.forecasting.validate import (
     SolverFn,
     check_budget,
@@ -56,10 +72,6 @@ from lightning_memplan.forecasting.validate import (
 
 __all__ = ["MemplanBackend", "memplan_backend"]
 
-# re-exported for planner/callback until they import from lightning_memplan.forecasting.validate
-# (planner/step.py imports _check_budget, _check_inner, resolve_solver and SOLVER_NAMES from here)
-_check_budget = check_budget
-_check_inner = check_inner
 
 
 def _snapshot(gm: fx.GraphModule) -> fx.GraphModule:
@@ -68,7 +80,7 @@ def _snapshot(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
-    return _compat.lazy_graph_module(gm, graph)
+    return lazy_graph_module(gm, graph)
 
 
 class MemplanBackend:
@@ -164,7 +176,7 @@ class MemplanBackend:
         def on_min_cut(node_info: Any, result: Any) -> None:
             r = self._plans.probe_region or region
             try:
-                r._min_cuts.append((_compat.node_inputs_of(node_info), list(result[0])))
+                r._min_cuts.append((node_inputs_of(node_info), list(result[0])))
             except Exception as err:  # noqa: BLE001
                 r.errors.append(f"min-cut probe: {type(err).__name__}: {err}")
 
@@ -176,7 +188,7 @@ class MemplanBackend:
                 r.errors.append(f"decision: {type(err).__name__}: {err}")
 
         try:
-            stack.enter_context(_compat.probe_partitioner(on_min_cut, on_choose, lambda: self._plans.min_cut_scope))
+            stack.enter_context(probe_partitioner(on_min_cut, on_choose, lambda: self._plans.min_cut_scope))
         except RuntimeError as err:
             region.errors.append(f"partitioner probe unavailable: {err}")
         return stack
@@ -186,7 +198,7 @@ class MemplanBackend:
         region = RegionCapture(index=len(self.regions))
         region.param_inputs = tuple(not isinstance(e, torch.Tensor) or isinstance(e, nn.Parameter)
                                     for e in example_inputs)
-        trainable = {_compat.storage_key(e): e.untyped_storage().nbytes() for e in example_inputs
+        trainable = {storage_key(e): e.untyped_storage().nbytes() for e in example_inputs
                      if isinstance(e, nn.Parameter) and e.requires_grad}
         region.param_grad_bytes = int(sum(trainable.values()))
         region.param_grad_max = int(max(trainable.values(), default=0))
@@ -196,14 +208,14 @@ class MemplanBackend:
                 region.param_at.setdefault(pos, set()).add(id(e))
         self.regions.append(region)
         self._plans.add_region(region.index)
-        fconfig = _compat.functorch_config()
+        fconfig = functorch_config()
         self._solver.region = region
         with contextlib.ExitStack() as stack:
             # a remat plan partitions at budget 1.0: its recompute tags decide, torch's knapsack must not
             stack.enter_context(fconfig.patch(activation_memory_budget=1.0 if self.remat else self.budget,
                                               activation_memory_budget_solver=self._solver,
-                                              **_compat.opaque_handles_patch()))
-            stack.enter_context(_compat.force_disable_caches_patch())
+                                              **opaque_handles_patch()))
+            stack.enter_context(force_disable_caches_patch())
             stack.enter_context(self._probes(region))
             try:
                 if self.inner == "inductor":
@@ -242,9 +254,9 @@ class MemplanBackend:
     def _watch_outputs(self, position: int, out: Any) -> None:
         """Note the storages of the outputs of the region call at ``position`` and hook its
         backward node: which earlier calls' outputs die while it runs (:attr:`early_frees`)."""
-        leaves = [t for t in _compat.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        unique = {_compat.storage_key(t): t for t in leaves}
-        self._position_outputs[position] = [(_compat.storage_weakref(t), int(t.untyped_storage().nbytes()))
+        leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        unique = {storage_key(t): t for t in leaves}
+        self._position_outputs[position] = [(storage_weakref(t), int(t.untyped_storage().nbytes()))
                                             for t in unique.values()]
         node = next((t.grad_fn for t in leaves
                      if t.grad_fn is not None and "CompiledFunction" in t.grad_fn.name()), None)
@@ -279,33 +291,33 @@ class MemplanBackend:
                                  f"{type(err).__name__}: {err}")
 
     def _aot_eager(self, gm: fx.GraphModule, example_inputs: Sequence[Any], region: RegionCapture) -> Callable[..., Any]:
-        boxed_nop = _compat.boxed_nop()
+        nop = boxed_nop()
 
         def make(is_backward: bool) -> Callable[..., Any]:
             def compiler(g: fx.GraphModule, ex: Sequence[Any]) -> Callable[..., Any]:
                 t0 = time.perf_counter()
                 self._record_graph(region, g, is_backward)
                 region.capture_seconds += time.perf_counter() - t0
-                return boxed_nop(g, ex)
+                return nop(g, ex)
             return compiler
 
-        fconfig = _compat.functorch_config()
+        fconfig = functorch_config()
         with fconfig.patch(unlift_effect_tokens=True):
-            return _compat.aot_autograd()(
+            return aot_autograd()(
                 fw_compiler=make(False),
                 bw_compiler=make(True),
-                decompositions=_compat.select_decomp_table(),
+                decompositions=select_decomp_table(),
                 partition_fn=self._partition_fn(region),
             )(gm, example_inputs)
 
     def _partition_fn(self, region: RegionCapture) -> Callable[..., Any]:
         """The min-cut partitioner; with a sweep, one that also partitions a copy of the joint graph
         under every other plan (:meth:`PlanSweep.partition_fn`)."""
-        partition = functools.partial(_compat.min_cut_rematerialization_partition(), compiler="inductor")
+        partition = functools.partial(min_cut_rematerialization_partition(), compiler="inductor")
         return self._plans.partition_fn(region, partition)
 
     def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any], region: RegionCapture) -> Callable[..., Any]:
-        compile_fx_inner = _compat.compile_fx_inner()
+        compile_inner = compile_fx_inner()
         capture = self.capture
 
         def inner(g: fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
@@ -317,33 +329,33 @@ class MemplanBackend:
             region.capture_seconds += time.perf_counter() - t0
             with contextlib.ExitStack() as stack:
                 # the backward compiles lazily, outside the backend call: scope caches again
-                stack.enter_context(_compat.force_disable_caches_patch())
+                stack.enter_context(force_disable_caches_patch())
                 if capture:
                     try:
-                        stack.enter_context(_compat.probe_inductor_schedule(functools.partial(record_schedule, region)))
+                        stack.enter_context(probe_inductor_schedule(functools.partial(record_schedule, region)))
                     except RuntimeError as err:
                         region.errors.append(f"inductor schedule probe unavailable: {err}")
                     try:
-                        stack.enter_context(_compat.probe_inductor_wrapper(functools.partial(record_wrapper, region)))
+                        stack.enter_context(probe_inductor_wrapper(functools.partial(record_wrapper, region)))
                     except RuntimeError as err:
                         region.errors.append(f"inductor wrapper probe unavailable: {err}")
                 t1 = time.perf_counter()
                 try:
-                    return compile_fx_inner(g, ex, **kw)
+                    return compile_inner(g, ex, **kw)
                 finally:
                     if is_backward:  # the forward is timed by the backend call around it
                         region.compile_seconds += time.perf_counter() - t1
 
         if not self.remat:
-            return _compat.compile_fx()(gm, example_inputs, inner_compile=inner)
+            return compile_fx()(gm, example_inputs, inner_compile=inner)
 
         def with_remat(partition: Callable[..., Any]) -> Callable[..., Any]:
             def partition_fn(joint: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
                 return partition_remat(partition, joint, joint_inputs, kw, region, self.budget, {})
             return partition_fn
 
-        with _compat.inductor_partitioner(with_remat):
-            return _compat.compile_fx()(gm, example_inputs, inner_compile=inner)
+        with inductor_partitioner(with_remat):
+            return compile_fx()(gm, example_inputs, inner_compile=inner)
 
 
 def memplan_backend(
@@ -416,7 +428,7 @@ def memplan_backend(
                              f"(got inner={inner!r}, capture={capture!r}).")
     named = cks or run_ck
     names = {str(id(m)): n for n, m in model.named_modules()} if named and model is not None else {}
-    _compat.check_torch_version()
+    check_torch_version()
     return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture, sweep=sw,
                           sweep_checkpoints=cks, module_names=names, run_checkpoint=run_ck[0] if run_ck else (),
                           sweep_remat=rm)

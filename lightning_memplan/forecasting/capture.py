@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import torch.fx as fx
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.inductor_wrapper import NONFREEABLE_PREFIXES, TANGENT_PREFIX, WrapperReplay
+from lightning_memplan._torch.partitioner import size_of_node
 from lightning_memplan.core.remat import RematSolution
 from lightning_memplan.forecasting.allocations import AllocEvent, share_inputs
 from lightning_memplan.forecasting.estimator import GraphStorages
@@ -203,7 +204,7 @@ def decide(region: RegionCapture, budget: float, saved: list[fx.Node]) -> Partit
     the solver was called; ``saved``: the nodes the partition saves for the backward."""
 
     def nbytes(nodes: Sequence[fx.Node]) -> int:
-        return sum(_compat.size_of_node(n) for n in nodes)
+        return sum(size_of_node(n) for n in nodes)
 
     cuts = region._min_cuts
     min_b = nbytes(cuts[0][0]) if cuts else -1
@@ -231,7 +232,7 @@ def decide(region: RegionCapture, budget: float, saved: list[fx.Node]) -> Partit
 
 
 def share_saved_inputs(
-    replay: _compat.WrapperReplay, events: list[AllocEvent], fw_graph: fx.GraphModule
+    replay: WrapperReplay, events: list[AllocEvent], fw_graph: fx.GraphModule
 ) -> tuple[list[AllocEvent], list[int], list[int], int]:
     """The backward wrapper's replay with its saved activations counted as the forward's storages.
 
@@ -245,7 +246,7 @@ def share_saved_inputs(
     sizes: dict[Any, int] = {}
     for name, sid in replay.inputs.items():
         keys = fws.produced.get(name)
-        if not keys or name.startswith(_compat.NONFREEABLE_PREFIXES):
+        if not keys or name.startswith(NONFREEABLE_PREFIXES):
             continue
         key = keys[0]
         owner[sid] = None if key in fws.input_keys else key
@@ -272,7 +273,7 @@ def record_schedule(region: RegionCapture, peak: int, timeline: list[int], freea
         region.fw_schedule = est
 
 
-def record_wrapper(region: RegionCapture, replay: _compat.WrapperReplay | None, is_backward: bool,
+def record_wrapper(region: RegionCapture, replay: WrapperReplay | None, is_backward: bool,
                    seconds: float) -> None:
     """Record the replay of the allocations of inductor's generated wrapper for one of ``region``'s
     graphs (``fw_wrapper`` or ``bw_wrapper``; a backward's saved activations counted as the forward's
@@ -295,7 +296,7 @@ def record_wrapper(region: RegionCapture, replay: _compat.WrapperReplay | None, 
                            freeable_input_bytes=freeable, seconds=seconds,
                            origins=tuple(replay.origins[1:]), events=tuple(events), marks=tuple(marks),
                            tangent_keys=frozenset(sid for name, sid in replay.inputs.items()
-                                                  if name.startswith(_compat.TANGENT_PREFIX)))
+                                                  if name.startswith(TANGENT_PREFIX)))
     if is_backward:
         region.bw_wrapper = est
     else:

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.dynamo import isolated_compile_kwargs
+from lightning_memplan._torch.fsdp import fsdp2_active_unit, fsdp2_units, Fsdp2Units
+from lightning_memplan._torch.partitioner import eager_backward_compile
 from lightning_memplan.core.fresh_code import fresh_function
 from lightning_memplan.forecasting.backend import MemplanBackend
 from lightning_memplan.forecasting.unit_compile import UnitCompile
@@ -39,7 +41,7 @@ class CompiledStep:
     #: Wall seconds of the compiling run (forward and backward).
     compile_seconds: float
     #: The model's FSDP2 units; ``None`` without FSDP2.
-    fsdp: _compat.Fsdp2Units | None
+    fsdp: Fsdp2Units | None
     #: Region indices the run called, in order (:attr:`MemplanBackend.executions`).
     executions: tuple[int, ...]
     #: The FSDP2 unit each of those calls ran in, aligned with ``executions`` (:attr:`MemplanBackend.owners`).
@@ -91,12 +93,12 @@ def compile_step(
     # static: a forecast is of these inputs' shapes. With dynamic=None, dynamo's profile of earlier
     # compiles of the same code in this process (automatic_dynamic_local_pgo) could make it a
     # dynamic-shape graph, and AOTAutograd would mark the caller's tensors dynamic for later compiles.
-    compile_kwargs = {"dynamic": False, **_compat.isolated_compile_kwargs()}
+    compile_kwargs = {"dynamic": False, **isolated_compile_kwargs()}
     whole = torch.compile(_make_loss(model, loss_fn), backend=be, **compile_kwargs)
     params = [p for p in model.parameters()]
-    fsdp = _compat.fsdp2_units(model)
+    fsdp = fsdp2_units(model)
     groups = fsdp.groups if fsdp is not None else ()
-    be.call_owner = (lambda: _compat.fsdp2_active_unit(groups)) if fsdp is not None else None
+    be.call_owner = (lambda: fsdp2_active_unit(groups)) if fsdp is not None else None
     units = UnitCompile(model, be, compile_kwargs)  # FSDP2 units: each compiled on its own
 
     def compiled(*args: Any) -> torch.Tensor:
@@ -123,7 +125,7 @@ def compile_step(
     be.recording = True  # which regions one step runs, and how often
     try:
         with _no_side_effects(model, devices):
-            eager_bw = _compat.eager_backward_compile() if fsdp is not None else None
+            eager_bw = eager_backward_compile() if fsdp is not None else None
             if eager_bw is not None:
                 # FSDP2: its backward hooks would reshard and reduce-scatter (inside a strategy's
                 # forward, the root must stay unsharded): compile the backwards without running them

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.inductor import torch_fx_peak_estimate
 from lightning_memplan.forecasting.allocations import AllocatorForecast, StepAllocations
 from lightning_memplan.forecasting.backend import MemplanBackend
 from lightning_memplan.forecasting.capture import KnapsackRecord, PartitionDecision
@@ -368,7 +368,7 @@ def _torch_fx_peak(fw_graph: fx.GraphModule | None, bw_graph: fx.GraphModule | N
     try:
         if fw_graph is None or bw_graph is None:
             return None
-        return _compat.torch_fx_peak_estimate(fw_graph.graph, bw_graph.graph)
+        return torch_fx_peak_estimate(fw_graph.graph, bw_graph.graph)
     except Exception:  # noqa: BLE001 - a peer; absent when torch's estimator fails
         return None
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.partitioner import custom_knapsack_solver_base, size_of_node
 from lightning_memplan.forecasting.capture import KnapsackRecord, RegionCapture
 from lightning_memplan.forecasting.fx import node_flops
 from lightning_memplan.forecasting.validate import SolverFn
@@ -29,7 +29,7 @@ def solver_adapter_class() -> type:
     (``knapsack``, and that the solver was called); a failure to record lands in the region's ``errors``.
     ``uuid()`` (part of AOTAutograd's cache key) names the solver and the budget.
     """
-    base = _compat.custom_knapsack_solver_base()
+    base = custom_knapsack_solver_base()
 
     class _MemplanKnapsackSolver(base):  # type: ignore[misc, valid-type]
         """``CustomKnapsackSolver`` that computes runtimes (FLOPs) itself and calls our solver."""
@@ -50,7 +50,7 @@ def solver_adapter_class() -> type:
                     self.region.knapsack = KnapsackRecord(
                         solver=self.name,
                         names=tuple(n.name for n in nodes),
-                        sizes_bytes=tuple(_compat.size_of_node(n) for n in nodes),
+                        sizes_bytes=tuple(size_of_node(n) for n in nodes),
                         memory=tuple(float(m) for m in memory),
                         runtimes=tuple(runtimes),
                         max_memory=float(max_memory),

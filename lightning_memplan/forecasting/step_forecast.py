@@ -32,15 +32,7 @@ from lightning_memplan.forecasting.assemble import PlanCapture, assemble_forecas
 from lightning_memplan.forecasting.backend import memplan_backend
 from lightning_memplan.forecasting.compile_step import compile_step
 
-# re-exported for planner/callback until they import from lightning_memplan.forecasting.grid
-# (planner/search.py imports forecast_grid and forecast_sweep here)
-from lightning_memplan.forecasting.grid import GridKey, forecast_grid, forecast_sweep
-from lightning_memplan.forecasting.layout import TimelineStep
-from lightning_memplan.forecasting.result import (
-    Forecast,
-    MemoryBreakdown,
-    RegionForecast,
-)
+from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.validate import (
     check_budget,
     check_inner,
@@ -48,9 +40,7 @@ from lightning_memplan.forecasting.validate import (
     resolve_solver,
 )
 
-# forecast() and the results it returns (defined in forecasting.result and forecasting.layout), as before
-__all__ = ["Forecast", "GridKey", "MemoryBreakdown", "RegionForecast", "TimelineStep", "forecast", "forecast_grid",
-           "forecast_sweep"]
+__all__ = ["forecast"]
 
 
 def forecast(

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch.fx as fx
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.dynamo import lazy_graph_module
+from lightning_memplan._torch.partitioner import functorch_config
 from lightning_memplan.core.remat import RematSolution
 from lightning_memplan.forecasting.capture import RegionCapture, cleared, note_remat
 from lightning_memplan.forecasting.fx import forward_nodes
@@ -36,7 +37,7 @@ def _copy_joint(gm: fx.GraphModule) -> fx.GraphModule:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's pytree codegen deep copy (LeafSpec)
         graph = copy.deepcopy(gm.graph)
-    new = _compat.lazy_graph_module(gm, graph)
+    new = lazy_graph_module(gm, graph)
     new.meta = dict(getattr(gm, "meta", {}))
     return new
 
@@ -220,7 +221,7 @@ class PlanSweep:
                        else partition(joint, joint_inputs, **kw))
             finally:
                 self.min_cut_scope = None
-            fconfig = _compat.functorch_config()
+            fconfig = functorch_config()
             # a plan whose partitioner found nothing more to recompute gives the same partition
             # under every lower budget: (budget, region) where that happened, per checkpoint set
             floor: dict[tuple[str, ...], tuple[float, RegionCapture]] = {}

@@ -36,7 +36,7 @@ from lightning_memplan.planner.step_model import (
 )
 
 if TYPE_CHECKING:
-    from lightning_memplan.forecasting.step_forecast import Forecast
+    from lightning_memplan.forecasting.result import Forecast
 
 __all__ = ["decide_plan", "rejudge_plan"]
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.dynamo import dynamo_allows_rnn
 
 if TYPE_CHECKING:
-    from lightning_memplan.forecasting.step_forecast import Forecast
+    from lightning_memplan.forecasting.result import Forecast
 
 __all__ = ["PlanWarning", "eager_forward_warning", "several_backwards_warning", "uncompiled_warnings"]
 
@@ -45,7 +45,7 @@ def uncompiled_warnings(module: nn.Module, fc: Forecast | None) -> list[str]:
             "Run with TORCH_LOGS=graph_breaks to see where.")
     rnns = [name for name, m in module.named_modules()
             if isinstance(m, nn.RNNBase) and any(p.requires_grad for p in m.parameters())]
-    if rnns and not _compat.dynamo_allows_rnn():
+    if rnns and not dynamo_allows_rnn():
         shown = ", ".join(repr(n) for n in rnns[:3]) + (f" and {len(rnns) - 3} more" if len(rnns) > 3 else "")
         out.append(
             f"the recurrent modules {shown} run eagerly: dynamo does not compile nn.LSTM, nn.GRU or nn.RNN "

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.fsdp import fsdp_kinds
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.plan import MemPlan
@@ -45,7 +45,7 @@ from lightning_memplan.planner.step_model import (
 )
 
 if TYPE_CHECKING:
-    from lightning_memplan.forecasting.step_forecast import Forecast
+    from lightning_memplan.forecasting.result import Forecast
 
 __all__ = ["PlannedStep", "Stage", "StepObservation", "plan_step"]
 
@@ -294,7 +294,7 @@ def plan_step(
         # 6. the gradients neither the compiled graphs nor the eager code give
         if step.eager_reached is not None:
             compiled = fc.compiled_parameter_ids
-            if compiled is not None and loop.automatic_optimization and not _compat.fsdp_kinds(module).fsdp2:
+            if compiled is not None and loop.automatic_optimization and not fsdp_kinds(module).fsdp2:
                 nograd = fc.compiled_gradless_parameter_ids or frozenset()
                 reached = (compiled - nograd) | step.eager_reached
                 loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(module, reached))

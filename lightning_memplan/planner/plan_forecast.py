@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.storages import tree_leaves
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory
 from lightning_memplan.plan import MemPlan
@@ -29,14 +29,14 @@ from lightning_memplan.planner.step_model import (
 )
 
 if TYPE_CHECKING:
-    from lightning_memplan.forecasting.step_forecast import Forecast
+    from lightning_memplan.forecasting.result import Forecast
 
 __all__ = ["BoundForward", "forecast_plan", "lay_out_step", "other_call_forecasts", "sum_outputs"]
 
 
 def sum_outputs(out: Any) -> torch.Tensor:
     """Default loss for forecasting: the sum of every floating tensor in the output."""
-    leaves = [t for t in _compat.tree_leaves(out)
+    leaves = [t for t in tree_leaves(out)
               if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
         raise ValueError("the module's forward returned no floating-point tensor to differentiate")
@@ -74,7 +74,7 @@ def forecast_plan(
     """Forecast ``plan`` on ``settings.backend`` (the plan's blocks must already be wrapped) and
     return the plan with the prediction for the Lightning step ``loop`` runs
     (:func:`lightning_step_memory`), breakdown and partitioner notes filled in, and the
-    :class:`~lightning_memplan.forecasting.step_forecast.Forecast`. Raises what the forecast raises."""
+    :class:`~lightning_memplan.forecasting.result.Forecast`. Raises what the forecast raises."""
     from lightning_memplan.forecasting.step_forecast import forecast
 
     fc = forecast(BoundForward(module, forward, kwargs), tuple(args), budget=plan.budget,

@@ -146,11 +146,8 @@ def search(
             holds the kept forecasts).
         RuntimeError: every candidate's forecast failed (the message has the first cause).
     """
-    from lightning_memplan.forecasting.step_forecast import (
-        forecast,
-        forecast_grid,
-        forecast_sweep,
-    )
+    from lightning_memplan.forecasting.grid import forecast_grid, forecast_sweep
+    from lightning_memplan.forecasting.step_forecast import forecast
 
     t0 = time.perf_counter()
     judge = step_memory if step_memory is not None else _forecast_memory

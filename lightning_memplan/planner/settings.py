@@ -55,9 +55,9 @@ class PlanSettings:
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""
-        from lightning_memplan.forecasting.backend import (
-            _check_budget,
-            _check_inner,
+        from lightning_memplan.forecasting.validate import (
+            check_budget as _check_budget,
+            check_inner as _check_inner,
             resolve_solver,
         )
 
@@ -96,7 +96,7 @@ class PlanSettings:
 def plan_solver(settings: PlanSettings, plan: MemPlan) -> str | Callable[..., Any]:
     """The solver to compile ``plan`` with: the plan's own when it names one (a search may choose a
     ``"remat"`` plan; a loaded plan keeps its solver), else the user's callable from ``settings``."""
-    from lightning_memplan.forecasting.backend import SOLVER_NAMES
+    from lightning_memplan.forecasting.validate import SOLVER_NAMES
 
     return plan.solver if plan.solver in SOLVER_NAMES else settings.solver
 

@@ -1,6 +1,6 @@
 """The model of a Lightning training step around the planned forward: its loop, its calls, its bytes.
 
-Every size is in bytes; a *storage key* names a tensor's storage (``_torch.compat.storage_key``), so
+Every size is in bytes; a *storage key* names a tensor's storage (``_torch.storages.storage_key``), so
 views of one storage count once. Knows nothing of the Trainer (:meth:`TrainingLoop.of` reads one
 duck-typed).
 
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from lightning_memplan._torch import compat as _compat
+from lightning_memplan._torch.storages import unique_storages
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 
 if TYPE_CHECKING:
-    from lightning_memplan.forecasting.step_forecast import Forecast
+    from lightning_memplan.forecasting.result import Forecast
 
 __all__ = [
     "TrainingLoop", "call_signature", "eager_losses_laid_in", "fresh_input_bytes", "grad_bytes", "gradless_bytes",
@@ -82,11 +82,8 @@ class TrainingLoop:
     def of(cls, trainer: Any, module: Any, planned: nn.Module | None = None) -> TrainingLoop:
         """The loop ``trainer`` runs for ``module`` (defaults for what either lacks), whose submodule
         ``planned`` is the one planned (default: ``module`` itself)."""
-        from lightning_memplan._torch.compat import (
-            fsdp2_shard_bytes,
-            local_tensor,
-            storage_key,
-        )
+        from lightning_memplan._torch.fsdp import fsdp2_shard_bytes
+        from lightning_memplan._torch.storages import local_tensor, storage_key
 
         n = getattr(trainer, "accumulate_grad_batches", 1)
         resident, params = 0, None
@@ -113,7 +110,8 @@ def grad_bytes(module: nn.Module) -> int:
     """Bytes of the gradients of ``module``'s trainable parameters between steps (unique
     parameters; of a sharded parameter, a DTensor, this rank's shard; of an FSDP2 parameter, its
     padded shard, also inside a unit's forward where the module holds the unsharded one)."""
-    from lightning_memplan._torch.compat import fsdp2_shard_bytes, local_tensor
+    from lightning_memplan._torch.fsdp import fsdp2_shard_bytes
+    from lightning_memplan._torch.storages import local_tensor
 
     shards = fsdp2_shard_bytes(module)
     seen: set[int] = set()
@@ -136,7 +134,7 @@ def live_grad_bytes(module: nn.Module) -> int:
     """Bytes of the gradients ``module``'s parameters hold right now (unique storages)."""
 
     grads = [p.grad for p in module.parameters() if p.grad is not None]
-    return sum(n for n, _ in _compat.unique_storages(grads, set()))
+    return sum(n for n, _ in unique_storages(grads, set()))
 
 
 def gradless_parameters(module: nn.Module, reached: Collection[int]) -> list[nn.Parameter]:
@@ -149,7 +147,7 @@ def gradless_parameters(module: nn.Module, reached: Collection[int]) -> list[nn.
 
 def gradless_bytes(module: nn.Module, reached: Collection[int]) -> int:
     """Bytes of the gradients :func:`grad_bytes` counts for :func:`gradless_parameters`: none."""
-    from lightning_memplan._torch.compat import local_tensor
+    from lightning_memplan._torch.storages import local_tensor
 
     return sum(local_tensor(p).numel() * local_tensor(p).element_size() for p in gradless_parameters(module, reached))
 
@@ -164,7 +162,7 @@ def other_optimizer_state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> 
 
 def input_storages(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[int, int]:
     """``{storage key: bytes}`` of the tensors among a call's arguments (no reference kept)."""
-    from lightning_memplan._torch.compat import storage_key, tree_leaves
+    from lightning_memplan._torch.storages import storage_key, tree_leaves
 
     leaves = [t for t in tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor)]
     return {storage_key(t): int(t.untyped_storage().nbytes()) for t in leaves}
@@ -173,7 +171,7 @@ def input_storages(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[int, int
 def call_signature(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """``(shape, dtype, device type)`` of each tensor among a call's arguments, in order: calls
     that differ in it run graphs of their own (the callback compiles with ``dynamic=False``)."""
-    from lightning_memplan._torch.compat import tree_leaves
+    from lightning_memplan._torch.storages import tree_leaves
 
     return tuple((tuple(t.shape), t.dtype, t.device.type)
                  for t in tree_leaves((tuple(args), kwargs)) if isinstance(t, torch.Tensor))
@@ -203,7 +201,7 @@ def made_input_bytes(call_inputs: Sequence[dict[int, int]], before: Collection[i
 def storage_keys(*trees: Any) -> set[int]:
     """Storage keys of every tensor in ``trees`` (any nesting; modules give their parameters
     and buffers)."""
-    from lightning_memplan._torch.compat import storage_key, tree_leaves
+    from lightning_memplan._torch.storages import storage_key, tree_leaves
 
     keys: set[int] = set()
     for tree in trees:

@@ -21,7 +21,8 @@ from lightning_memplan.callback.shapes import ShapeTracker
 from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.plan import Candidate, MemPlan
-from lightning_memplan.planner.step import PlanWarning, call_signature
+from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.step_model import call_signature
 
 pytestmark = pytest.mark.unit
 

@@ -46,7 +46,7 @@ def test_the_emulated_candidates_equal_a_search_with_one_trace_per_set(monkeypat
         refused.append(1)
         raise RuntimeError("grid disabled")
 
-    monkeypatch.setattr("lightning_memplan.forecasting.step_forecast.forecast_grid", no_grid)
+    monkeypatch.setattr("lightning_memplan.forecasting.grid.forecast_grid", no_grid)
     # the fallback path: one trace per set, with the blocks really wrapped
     per_set = search(make(), (x,), **kw).plan.candidates
     assert refused == [1]

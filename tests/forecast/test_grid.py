@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lightning_memplan import forecast
-from lightning_memplan.forecasting.step_forecast import forecast_grid
+from lightning_memplan.forecasting.grid import forecast_grid
 from lightning_memplan.planner.checkpointing import checkpointed
 
 

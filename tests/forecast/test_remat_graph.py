@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from lightning_memplan import forecast, measure_peak
 from lightning_memplan.forecasting.backend import memplan_backend
-from lightning_memplan.forecasting.step_forecast import forecast_grid
+from lightning_memplan.forecasting.grid import forecast_grid
 
 
 class Block(nn.Module):

@@ -7,7 +7,8 @@ import torch
 import torch.nn as nn
 
 from lightning_memplan.forecasting.backend import memplan_backend
-from lightning_memplan.forecasting.step_forecast import forecast, forecast_sweep
+from lightning_memplan.forecasting.grid import forecast_sweep
+from lightning_memplan.forecasting.step_forecast import forecast
 
 BUDGETS = (1.0, 0.5, 0.1)
 
