@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 #: Path prefix under tests/ -> lane (the longest matching prefix wins).
 LANES = {
-    "test_layering.py": "unit", "units/": "unit", "plan/": "unit", "solvers/": "unit", "placement/": "unit",
+    "test_layering.py": "unit", "units/": "unit", "core/": "unit", "plan/": "unit", "solvers/": "unit", "placement/": "unit",
     "simulate/": "unit", "report/": "unit", "checkpointing/": "unit", "docs/": "unit",
     "forecast/": "compile", "arena/": "compile", "forecast/test_cuda_allocator.py": "unit",
     "forecast/test_allocations.py": "unit", "forecast/test_torch_surface.py": "unit",

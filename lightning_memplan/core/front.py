@@ -2,10 +2,11 @@
 other dominates. Peaks in bytes; cost in the caller's unit (recomputed FLOPs, or a step-time ratio)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PlanPoint", "pareto_indices"]
+__all__ = ["PlanPoint", "knee", "pareto_indices"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,3 +39,25 @@ def pareto_indices(points: Sequence[PlanPoint], *, cost_rel_tol: float = 0.0) ->
             front.append(i)
             best_cost = points[i].cost
     return front
+
+
+def knee(peaks: Sequence[float], costs: Sequence[float]) -> tuple[int, float]:
+    """The knee of a front: ``(index, distance)`` of the point closest to the origin once both axes
+    are min-max normalized to [0, 1] (an axis with no spread is all 0). Ties go to the smaller
+    peak, then the first. The plan search and :func:`lightning_memplan.core.simulate.knee_point`
+    both take their knee here.
+
+    Raises:
+        ValueError: no point, or ``peaks`` and ``costs`` of different lengths.
+    """
+    if not peaks or len(peaks) != len(costs):
+        raise ValueError(f"`knee(peaks, costs)` needs as many costs as peaks, at least one: got {len(peaks)} "
+                         f"peaks and {len(costs)} costs.")
+
+    def norm(xs: Sequence[float]) -> list[float]:
+        lo, span = min(xs), max(xs) - min(xs)
+        return [(float(x) - lo) / span if span > 0 else 0.0 for x in xs]
+
+    dist = [math.hypot(a, b) for a, b in zip(norm(peaks), norm(costs))]
+    best = min(range(len(dist)), key=lambda k: (dist[k], peaks[k], k))
+    return best, dist[best]

@@ -21,6 +21,7 @@ from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
 
+from lightning_memplan.core.front import knee
 from lightning_memplan.solvers import ParetoFrontier, pareto_frontier
 
 __all__ = [
@@ -187,13 +188,11 @@ def knee_point(
         if runtimes is None:
             raise ValueError("`knee_point(memory)` needs `runtimes` too: knee_point(memory, runtimes).")
         fr = pareto_frontier(frontier_or_memory, runtimes)
-    mem, cost = fr.normalized()
-    dist = np.hypot(mem, cost)
-    k = int(np.argmin(dist))  # first minimum: the least memory among ties
+    k, distance = knee(fr.memory.tolist(), (fr.total_runtime - fr.runtime).tolist())
     return KneePoint(
         index=k,
         budget=float(fr.memory[k]),
         runtime=float(fr.runtime[k]),
-        distance=float(dist[k]),
+        distance=float(distance),
         frontier=fr,
     )

@@ -30,8 +30,7 @@ def uncompiled_warnings(module: nn.Module, fc: Forecast | None) -> list[str]:
     - No compiled graph reads a trainable parameter (``Forecast.compiled_parameter_bytes`` 0): dynamo
       ran the whole forward eagerly.
     - ``nn.LSTM``/``GRU``/``RNN`` modules while ``torch._dynamo.config.allow_rnn`` is False: dynamo
-      runs them eagerly (a 2-layer LSTM language model was forecast 17% low; with ``allow_rnn`` its
-      layers are compiled and planned, and the forecast was within 0.1%).
+      runs them eagerly, outside the plan and the forecast (with ``allow_rnn`` they are compiled).
     """
     out: list[str] = []
     trainable = any(p.requires_grad for p in module.parameters())

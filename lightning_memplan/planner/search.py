@@ -25,15 +25,18 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from lightning_memplan.core.front import PlanPoint, pareto_indices
+from lightning_memplan.core.front import PlanPoint, knee, pareto_indices
 from lightning_memplan.plan import Candidate, MemPlan
 from lightning_memplan.planner.checkpointing import checkpointed
 from lightning_memplan.units import format_bytes
+
+if TYPE_CHECKING:
+    from lightning_memplan.forecasting.result import Forecast
 
 __all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose",
            "forecast_flops", "rejudge", "search"]
@@ -77,7 +80,7 @@ class SearchResult:
     ``plan.candidates`` (``None`` where it failed), without its compiled parts; for :func:`rejudge`."""
 
 
-def forecast_flops(fc: Any) -> float:
+def forecast_flops(fc: Forecast) -> float:
     """FLOPs of one step's compiled forward and backward graphs (recomputation included): each
     region's graphs times the calls the step makes of it (one graph serves every block when dynamo
     compiles a block's frame once, as after a graph break in a loop or for each FSDP2 unit); NaN
@@ -96,13 +99,13 @@ def forecast_flops(fc: Any) -> float:
     return float(total) if seen else math.nan
 
 
-def _forecast_memory(fc: Any) -> tuple[int, int | None]:
+def _forecast_memory(fc: Forecast) -> tuple[int, int | None]:
     """``forecast()``'s own step: (baseline bytes, predicted peak above it; ``None`` when the
     forecast failed)."""
     return fc.baseline_bytes, fc.peak_bytes
 
 
-def _note(fc: Any) -> str:
+def _note(fc: Forecast) -> str:
     parts = []
     for r in fc.regions:
         if r.decision is not None:
@@ -240,7 +243,7 @@ def _solver_name(solver: str | Callable[..., Any]) -> str:
     return solver if isinstance(solver, str) else f"custom:{getattr(solver, '__qualname__', 'solver')}"
 
 
-def _keep(fc: Any) -> Any:
+def _keep(fc: Forecast | None) -> Forecast | None:
     """A candidate's forecast as :class:`SearchResult` keeps it (``None`` when it failed)."""
     return fc._detached() if fc is not None and fc.peak_bytes is not None else None
 
@@ -352,12 +355,7 @@ def _plan(candidates: Sequence[Candidate], chosen: int, knee: int, baseline_byte
 
 
 def _knee(candidates: Sequence[Candidate], front: list[int]) -> int:
-    peaks = [float(candidates[i].peak_bytes or 0) for i in front]
-    costs = [float(candidates[i].cost or 0.0) for i in front]
-
-    def norm(xs: list[float]) -> list[float]:
-        lo, span = min(xs), max(xs) - min(xs)
-        return [(x - lo) / span if span > 0 else 0.0 for x in xs]
-
-    dist = [math.hypot(a, b) for a, b in zip(norm(peaks), norm(costs))]
-    return front[min(range(len(front)), key=lambda k: (dist[k], peaks[k]))]
+    """The knee (:func:`~lightning_memplan.core.front.knee`) of the candidates on ``front``, by peak and cost."""
+    index, _ = knee([float(candidates[i].peak_bytes or 0) for i in front],
+                    [float(candidates[i].cost or 0.0) for i in front])
+    return front[index]
