@@ -76,7 +76,7 @@ def fit(lengths: list[int], backend: str) -> tuple[dict[int, tuple[float, float]
         for peak, sig in zip(peaks, shapes):
             length = sig[0][0][1]
             seen.setdefault(length, []).append(peak)
-            forecast = planned if sig == cb._planned_sig else cb.shape_forecasts.get(sig)
+            forecast = planned if sig == cb.planned_signature else cb.shape_forecasts.get(sig)
             predicted[length] = math.nan if forecast is None else float(forecast)
     return {n: (statistics.median(v), predicted[n]) for n, v in seen.items()}, planned
 

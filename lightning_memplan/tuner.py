@@ -294,7 +294,7 @@ def plan_memory(
 
     A model that overrides ``configure_model`` (which makes or compiles layers there) gets it called
     first, as ``fit`` calls it (Lightning asks for it to be idempotent). A model the user compiled
-    (``torch.compile(model)``, a compiled submodule) is planned as written (:mod:`.precompiled`).
+    (``torch.compile(model)``, a compiled submodule) is planned as written (:mod:`lightning_memplan.planner.precompiled`).
 
     The step is planned as ``fit`` runs it: inside the Trainer's precision plugin's step context
     (autocast for ``"16-mixed"`` / ``"bf16-mixed"``) and with its ``accumulate_grad_batches``. The
