@@ -90,6 +90,21 @@ def test_fixed_budget_compiles_logs_and_restores(tmp_path: Path) -> None:
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_second_fit_with_the_same_callback_plans_and_forecasts_again(tmp_path: Path) -> None:
+    # the callback's per-fit state lives in parts made in setup: a second fit (e.g. fine-tuning
+    # after a first stage) plans, compiles and forecasts again. Before, the first fit's plan stayed
+    # in force as "decided", the second fit ran uncompiled and was judged by the first's forecast.
+    cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=2, verbose=False, log_plots=False)
+    _trainer(tmp_path / "a", cb, epochs=1).fit(TinyNet())
+    first = cb.plan
+    trainer = _trainer(tmp_path / "b", cb, epochs=1)
+    trainer.fit(TinyNet(width=96))
+    assert cb.fallback_reason is None and cb.plan is not None and cb.plan is not first
+    assert cb.plan.predicted_peak_bytes != first.predicted_peak_bytes  # forecast for the second model
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01, row
+
+
 def test_auto_searches_plans_and_draws_the_frontier(tmp_path: Path) -> None:
     model = TinyNet()
     cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.2), checkpoint="auto")
