@@ -13,6 +13,7 @@ import time
 import types
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -39,8 +40,9 @@ from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import checkpointed
 from lightning_memplan.planner.search import replan_candidate
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
-from lightning_memplan.planner.messages import PlanWarning, uncompiled_warnings
-from lightning_memplan.planner.plan_forecast import forecast_plan, lay_out_step, other_call_forecasts
+from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.pipeline import PlannedStep, Stage, StepObservation, plan_step
+from lightning_memplan.planner.plan_forecast import forecast_plan, lay_out_step
 from lightning_memplan.planner.settings import plan_solver
 from lightning_memplan.planner.step_model import gradless_parameters, live_grad_bytes, step_grad_bytes, TrainingLoop
 from lightning_memplan.units import format_bytes
@@ -56,6 +58,11 @@ def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
 
 def _warn(message: str, stacklevel: int = 3) -> None:
     warnings.warn(f"MemPlanCallback: {message}", PlanWarning, stacklevel=stacklevel + 1)
+
+
+def _key(plan: MemPlan) -> tuple[Any, ...]:
+    """What makes two plans compile alike: budget, checkpointed blocks, solver."""
+    return plan.budget, plan.checkpoint, plan.solver
 
 
 class PlanController:
@@ -89,8 +96,9 @@ class PlanController:
         self.collectives = False  # the planned module's forward runs collectives (FSDP, TP)
         self.fsdp2 = False  # ... some FSDP2 units among them: their hooks are made inert to measure
         self.measurable = True  # the eager code after the forward can be measured (not under FSDP1)
-        self._stack = contextlib.ExitStack()  # the plan's checkpointed blocks
-        self._kept: tuple[Any, ...] = ()  # the search's candidate forecasts, kept through the first batch
+        self._stack = contextlib.ExitStack()  # the plan's checkpointed blocks (and FSDP2 units compiled)
+        self._wrapped: tuple[Any, ...] | None = None  # the _key of the plan whose blocks the stack wraps
+        self._kept: tuple[Forecast | None, ...] = ()  # the search's candidate forecasts, kept through the first batch
         self._replanned = False
 
     # ------------------------------------------------------------------ helpers
@@ -122,9 +130,8 @@ class PlanController:
             _warn(f"training_step did not call `{call}` in the first batch, so there is no forward to plan and "
                   f"compile; training goes on uncompiled.{hint}")
         p.finish(outputs, self._module)
-        if self.plan is not None and p.calls >= 1:
-            self.rejudge(p.calls)  # every rank: rank 0 decides with its measurement
-            self.lay_out_step()
+        if self.plan is not None and p.calls >= 1 and self.example is not None:
+            self._lay_out(judge=True)  # every rank: rank 0 re-judges with its measurement
         if self.plan is not None and p.backwards > 1:
             _warn(f"training_step ran {p.backwards} backward passes in one batch (manual optimization, e.g. a GAN's "
                   "generator and discriminator steps). The forecast covers the planned forward's calls, the code on "
@@ -143,39 +150,92 @@ class PlanController:
 
     def close(self) -> None:
         """Unwrap the checkpointed blocks and drop the compiled forward (the fit ended)."""
-        self._stack.close()
+        self._unwrap()
         self.active = None
+
+    def _unwrap(self) -> None:
+        """Unwrap the plan's checkpointed blocks (and its FSDP2 units' compile)."""
+        self._stack.close()
+        self._stack, self._wrapped = contextlib.ExitStack(), None
+
+    def _forecast_context(self, plan: MemPlan) -> AbstractContextManager[Any]:
+        """``plan_step``'s ``blocks``: ``plan``'s blocks wrapped in the fit's stack, where they stay
+        (wrapped again only when the stack holds another plan's), and the precision plugin's step
+        context, for a forecast of ``plan``. Raises what wrapping raises."""
+        if self._wrapped != _key(plan):
+            self._unwrap()
+            self._stack.enter_context(checkpointed(self._module, plan.checkpoint))
+            self._wrapped = _key(plan)
+        return self._view.step_context()
+
+    def _step_context(self, plan: MemPlan) -> AbstractContextManager[Any]:
+        """``blocks`` after the first batch, for the forecasts of the calls of other shapes with the
+        plan in force: the step context, its blocks as they are (wrapped; unwrapped after a
+        fallback). Raises when the forward runs collectives (FSDP, tensor parallelism): a forecast
+        outside it would read sharded parameters."""
+        if forward_has_collectives(self._module):
+            raise RuntimeError("calls of other input shapes are not forecast under FSDP or tensor parallelism")
+        return self._view.step_context()
+
+    def _agreed(self, decision: Callable[[], MemPlan]) -> MemPlan:
+        """``decision()`` as rank 0 made it, on every rank (every rank runs it when the forward runs
+        collectives: the candidates' forecasts all-gather); one process: made here."""
+        strategy = self._view.strategy
+        if strategy is None:
+            return decision()
+        return decide_on_rank_zero(strategy, decision, all_ranks_run=forward_has_collectives(self._module))
+
+    def _plan_step(self, failed: list[Stage], what: str = "again", quiet: Callable[[], bool] = lambda: False,
+                   **kw: Any) -> PlannedStep:
+        """:func:`plan_step`'s result for the planned module at ``example``, its blocks wrapped for the
+        fit (``blocks`` default: :meth:`_forecast_context`), its failed stages noted in ``failed`` and
+        warned of (``what``: what the re-judge judged by, for its message; a failed layout not while
+        ``quiet()``) while training goes on; ``kw``:
+        ``plan``, ``earlier``, ``step``, ``agree``, ``blocks``. Raises what plan_step raises (a failed
+        decision, blocks that cannot be wrapped)."""
+        def failure(stage: Stage, exc: Exception) -> None:
+            failed.append(stage)
+            if stage == "forecast":
+                _warn(f"the forecast of the chosen plan failed ({exc!r}); training with the plan, without "
+                      "predictions.", 4)
+            elif stage == "rejudge":
+                _warn(f"judging the candidate plans {what} failed ({exc!r}); keeping the plan chosen at the "
+                      "first forward call.", 4)
+            elif not quiet():
+                _warn(f"laying the forecast out for the step the first batch ran failed ({exc!r}); the "
+                      "prediction covers one call of the compiled graphs.", 4)
+
+        assert self.example is not None
+        args, kwargs = self.example
+        kw.setdefault("blocks", self._forecast_context)
+        return plan_step(self._module, settings=self._s, args=args, kwargs=kwargs, forward=self._forward,
+                         optimizer=self._view.optimizer(), call="MemPlanCallback", loop=self.loop(),
+                         on_failure=failure, **kw)
 
     # ------------------------------------------------------------------ decide and install
     def activate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """At the first training call: decide the plan (rank 0's, broadcast) and install it. Never raises."""
+        """At the first training call: decide the plan (rank 0's, broadcast; a restored or given one
+        without searching), forecast it and install it (``plan_step``'s first part). Never raises."""
         self.example = (args, kwargs)
-        strategy = self._view.strategy
-        t0 = time.perf_counter()
-        try:
-            if strategy is None:
-                plan = self._decide()
-            else:  # FSDP / tensor parallel: the candidates' forecasts all-gather, every rank runs them
-                plan = decide_on_rank_zero(strategy, self._decide, all_ranks_run=forward_has_collectives(self._module))
-        except Exception as exc:  # noqa: BLE001 - planning failure: train unplanned
-            self.fall_back(f"planning failed: {exc!r}")
-            return
-        self.timings["decide_seconds"] = time.perf_counter() - t0
-        self.install(plan)
-
-    def _decide(self) -> MemPlan:
         restored = self._restored()
-        if restored is not None:
-            return restored
-        if self._o.user_plan is not None:
-            return self._o.user_plan
-        assert self.example is not None
-        args, kwargs = self.example
-        kept: list[Any] = []
-        plan = decide_plan(self._s, self._module, self._forward, args, kwargs, self._view.optimizer(),
-                           call="MemPlanCallback", loop=self.loop(), kept=kept)
-        self._kept = tuple(kept)
-        return plan
+        given = restored if restored is not None else self._o.user_plan
+        t0 = time.perf_counter()
+        decided: list[float] = []
+
+        def agree(decision: Callable[[], MemPlan]) -> MemPlan:
+            plan = self._agreed(decision)  # FSDP / tensor parallel: every rank runs the candidates' forecasts
+            decided.append(time.perf_counter())
+            self.timings["decide_seconds"] = decided[0] - t0
+            return plan
+
+        self._unwrap()
+        try:
+            planned = self._plan_step([], plan=given, agree=agree)
+        except Exception as exc:  # noqa: BLE001 - planning failure: train unplanned
+            self.fall_back(f"{'installing the plan' if decided else 'planning'} failed: {exc!r}")
+            return
+        self._kept = planned.candidate_forecasts
+        self._compile(planned.plan, planned.forecast, decided[0])
 
     def install_pending(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Install the pending plan at this training call's arguments."""
@@ -185,25 +245,27 @@ class PlanController:
         self.install(plan)
 
     def install(self, plan: MemPlan) -> None:
-        """Wrap the plan's blocks, forecast it on ``backend`` and compile. Falls back on failure."""
+        """Wrap the plan's blocks, forecast it on ``backend`` (``plan_step``'s first part) and compile;
+        after the first batch, lay it out for the step that batch showed. Falls back on failure."""
+        assert self.example is not None
+        self._unwrap()
+        t0 = time.perf_counter()
+        try:
+            planned = self._plan_step([], plan=plan)
+        except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
+            self.fall_back(f"installing the plan failed: {exc!r}")
+            return
+        self._compile(planned.plan, planned.forecast, t0)
+
+    def _compile(self, plan: MemPlan, fc: Forecast | None, t0: float) -> None:
+        """Compile the forward with ``plan`` (forecast as ``fc``, its blocks wrapped) and put it in
+        force (``t0``: ``perf_counter`` seconds when installing began); after the first batch, lay it
+        out for the step. Falls back on failure."""
         from lightning_memplan.forecasting.backend import memplan_backend
 
         module = self._module
         assert self.example is not None
-        self._stack.close()
-        self._stack = contextlib.ExitStack()
-        t0 = time.perf_counter()
         try:
-            self._stack.enter_context(checkpointed(module, plan.checkpoint))
-            args, kwargs = self.example
-            fc = None
-            try:
-                with self._view.step_context():
-                    plan, fc = forecast_plan(self._s, plan, module, self._forward, args, kwargs,
-                                             self._view.optimizer(), loop=self.loop())
-            except Exception as exc:  # noqa: BLE001 - no forecast: train with the plan anyway
-                _warn(f"the forecast of the chosen plan failed ({exc!r}); training with the plan, without "
-                      "predictions.", 2)
             be = memplan_backend(budget=plan.budget, solver=plan_solver(self._s, plan), inner=self._s.backend,
                                  capture=False)
             backend = WatchedBackend(be, training=self._view.training)
@@ -225,21 +287,19 @@ class PlanController:
                   "forecast counts this rank's shards of the parameters, gradients and optimizer state, and the "
                   "activations of the compiled graphs; FSDP's unsharded parameters and communication buffers are "
                   "not forecast, so the measured peak (memplan/measured_peak_bytes) will be higher than "
-                  "predicted.", 2)
-        for message in uncompiled_warnings(module, fc):
-            _warn(message, 2)
+                  "predicted.", 3)
         self.forecast, self.plan = fc, plan
         planned = self._shapes.plan_installed(*self.example)
         self._watch.follow(backend, tuple(x[0] for x in planned))  # (the compiled graph's, at its first run)
         self.collectives = collectives
         self.fsdp2 = bool(kinds and kinds.fsdp2)
         self.measurable = not (kinds and kinds.fsdp1)
-        if not self.may_replan() and self._progress.later:
-            self.example = None  # no re-plan can follow: do not hold on to the first batch
         self.active, self.first_call = compiled, True
         self.timings["install_seconds"] = time.perf_counter() - t0
-        if self._progress.later:  # a re-plan: as many calls as before, the same eager loss
-            self.lay_out_step()
+        if self._progress.later and self._profile.calls >= 1:  # a re-plan: as many calls as before, the same eager loss
+            self._lay_out(judge=False)
+        if not self.may_replan() and self._progress.later:
+            self.example = None  # no re-plan can follow: do not hold on to the first batch
         if self._o.verbose:
             rank_zero_info(reporter.plan_table(plan, self.timings))
         if self._o.log_plots:
@@ -249,7 +309,7 @@ class PlanController:
         """Train the module as written from now on, saying why."""
         self.fallback_reason = reason
         self.active = None
-        self._stack.close()
+        self._unwrap()
         warnings.warn(f"MemPlanCallback: {reason}. Training goes on with the module uncompiled.",
                       PlanWarning, stacklevel=4)
 
@@ -262,85 +322,64 @@ class PlanController:
             self.install(plan)
 
     # ------------------------------------------------------------------ after the first batch
-    def rejudge(self, calls: int) -> None:
-        """Judge the search's candidates again (their kept forecasts laid out again, nothing
-        compiled) on ``calls`` forward calls per step, with the inputs training_step makes and the
-        eager loss measured since (rank 0 decides; every rank takes part); recompile once if
-        another plan wins."""
-        plan, p = self.plan, self._profile
-        if plan is None or not plan.candidates or self.example is None:
-            return  # the same on every rank: nothing was searched in this fit (a fixed, given or resumed plan)
-        made = p.made_inputs
+    def _lay_out(self, *, judge: bool) -> None:
+        """``plan_step``'s second part for the plan in force: with ``judge`` (the first batch ended)
+        the search's kept candidate forecasts judged again for the step that batch showed (rank 0
+        decides, every rank takes part; nothing is compiled), a plan that wins installed (at the
+        next training call when the forward runs collectives); then the forecast of the plan in
+        force laid out for that step (the forward's calls, the inputs training_step made, the eager
+        code measured after the forward, the gradients and optimizer state of the parameters its
+        backward reached), and what it covers said (:meth:`_note_laid_out`). Failures are warned
+        of; training goes on."""
+        p, plan = self._profile, self.plan
+        assert plan is not None
+        calls, losses, made = p.calls, p.eager_losses, p.made_inputs
         what = " and ".join(
             ([f"on {calls} forward calls per step"] if calls > 1 else [])
             + (["with the inputs training_step makes"] if made else [])
-            + (["with the loss on the outputs measured"] if p.eager_losses else [])) or "again"
+            + (["with the loss on the outputs measured"] if losses else [])) or "again"
+        switch: list[MemPlan] = []  # the plan the re-judge chose instead, installed here
 
-        def decide() -> MemPlan:
-            loop = self.loop()
-            if (calls == 1 and not p.eager_losses and not made and not loop.gradless_bytes) or not self._kept:
-                return plan  # nothing new to judge by: the plan stands
-            if p.other_calls:  # the candidates were forecast for the first call's shapes only
-                return plan
-            return rejudge_plan(self._s, plan, self._kept, step_grad_bytes(self._module, loop), calls=calls,
-                                new_input_bytes=p.fresh_input_bytes(calls), eager_loss=p.eager_losses or None,
-                                made_input_bytes=made, loop=loop, optimizer=self._optimizer_memory())
+        def agree(decision: Callable[[], MemPlan]) -> MemPlan:
+            new = self._agreed(decision)
+            same = _key(new) == _key(plan)
+            if calls > 1 or not same:
+                rank_zero_info(
+                    f"MemPlanCallback: judged {what}, the search {'keeps' if same else 'chooses'} "
+                    f"{new.candidates[new.chosen].label}"
+                    + ("." if same else f" instead of {plan.candidates[plan.chosen].label} (recompiling once)."))
+            if same:
+                return new
+            if self.collectives:  # installed at the next training call; the plan in force laid out meanwhile
+                self.pending = new
+            else:  # installed (forecast, compiled) below, then laid out; this call's layout is dropped
+                switch.append(new)
+            return plan
 
-        try:
-            strategy = self._view.strategy
-            lockstep = forward_has_collectives(self._module)
-            new = decide_on_rank_zero(strategy, decide, all_ranks_run=lockstep) if strategy is not None else decide()
-        except Exception as exc:  # noqa: BLE001 - the plan chosen at the first call stands
-            _warn(f"judging the candidate plans {what} failed ({exc!r}); keeping the plan chosen at the first "
-                  "forward call.")
+        earlier = PlannedStep(plan=plan, forecast=self.forecast, decided=plan, loop=self.loop(),
+                              candidate_forecasts=self._kept if judge else ())
+        # backwards=0: the callback says itself that several backward passes ran (end_first_batch)
+        step = StepObservation(calls=calls, new_input_bytes=p.fresh_input_bytes(calls), eager_losses=losses,
+                               made_input_bytes=made, reached=p.reached, signatures=tuple(p.signatures),
+                               others=p.other_calls)
+        failed: list[Stage] = []
+        laid = self._plan_step(failed, what, lambda: bool(switch), earlier=earlier, step=step,
+                               agree=agree if judge else None, blocks=self._step_context)
+        if switch:
+            self.install(switch[0])
+            self._lay_out(judge=False)  # the plan installed (or, when that failed, the one in force)
             return
-        same = (new.budget, new.checkpoint, new.solver) == (plan.budget, plan.checkpoint, plan.solver)
-        if calls > 1 or not same:
-            rank_zero_info(
-                f"MemPlanCallback: judged {what}, the search {'keeps' if same else 'chooses'} "
-                f"{new.candidates[new.chosen].label}"
-                + ("." if same else f" instead of {plan.candidates[plan.chosen].label} (recompiling once)."))
-        if same:
-            self.plan = dataclasses.replace(plan, candidates=new.candidates, knee=new.knee, reason=new.reason)
-            return
-        self._install_soon(new)
-
-    def _other_forecasts(self, plan: MemPlan, first: Forecast) -> list[Forecast]:
-        """One forecast per call after the first in the first batch: ``first`` for a call of its
-        shapes, else the plan forecast on that call's arguments. Raises when one cannot be made
-        (the forward runs collectives: a forecast outside it would read sharded parameters)."""
-        if forward_has_collectives(self._module):
-            raise RuntimeError("calls of other input shapes are not forecast under FSDP or tensor parallelism")
-        with self._view.step_context():
-            return other_call_forecasts(self._s, plan, self._module, self._forward, self._view.optimizer(),
-                                        self.loop(), first, self._profile.signatures, self._profile.other_calls)
-
-    def lay_out_step(self) -> None:
-        """Lay the forecast out for the step the first batch showed (nothing is compiled): several
-        calls of the forward, inputs training_step made, the eager code measured after the forward."""
-        p = self._profile
-        calls, losses, made = p.calls, p.eager_losses, p.made_inputs
-        plan, fc = self.plan, self.forecast
-        if plan is None or (calls <= 1 and not losses and not made and not self.loop().gradless_bytes):
-            return
+        self.plan, self.forecast = laid.plan, laid.forecast
+        fc = laid.forecast
+        if calls <= 1 and not losses and not made and not self.loop().gradless_bytes:
+            return  # nothing to lay out
         if fc is None or fc.peak_bytes is None:
             if calls > 1:
                 _warn(f"training_step called the planned forward {calls} times in one step and there is no "
                       "forecast to lay out for them.")
             return
-        try:
-            loop = self.loop()
-            if p.other_calls:
-                fc = fc.with_calls(self._other_forecasts(plan, fc), new_input_bytes=p.fresh_input_bytes(calls))
-            plan, fc = lay_out_step(plan, fc, calls=calls, new_input_bytes=p.fresh_input_bytes(calls),
-                                    eager_losses=losses, made_input_bytes=made, loop=loop,
-                                    grads=step_grad_bytes(self._module, loop), optimizer=self._optimizer_memory())
-        except Exception as exc:  # noqa: BLE001 - the plain prediction stands; training goes on
-            _warn(f"laying the forecast out for the step the first batch ran failed ({exc!r}); the prediction "
-                  "covers one call of the compiled graphs.")
-            return
-        self.forecast, self.plan = fc, plan
-        self._note_laid_out(plan, calls, losses, made)
+        if "layout" not in failed:
+            self._note_laid_out(laid.plan, calls, losses, made)
 
     def _note_laid_out(self, plan: MemPlan, calls: int, losses: tuple[EagerLoss, ...], made: int) -> None:
         """Say what the laid-out forecast covers (rank zero), and warn when it is over ``max_memory``."""
@@ -475,7 +514,7 @@ class PlanController:
         assert old is not None
         self._replanned = True
         losses = self._eager_at(sig, call.out_bytes)
-        self._stack.close()  # the blocks unwrapped for the search; install wraps the chosen plan's
+        self._unwrap()  # the blocks unwrapped for the search; install wraps the chosen plan's
         plan = old
         try:
             loop = self.loop()

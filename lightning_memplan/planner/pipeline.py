@@ -181,8 +181,10 @@ def plan_step(
        (:func:`~lightning_memplan.planner.plan_forecast.lay_out_step`): the calls, the eager code, the
        inputs made, the gradients and optimizer state of steps 2 and 6.
 
-    Steps 2, 3 and 5 to 8 need ``step``; 6 to 8 a forecast. The first part of the callback's plan is
-    ``step=None`` (steps 1, 4, 5), its second ``earlier=`` that result with ``step``.
+    Steps 2, 3 and 5 to 8 need ``step``; 6 to 8 a forecast with a peak (one whose compile failed,
+    ``peak_bytes=None``, is not laid out, nor are other calls forecast for it). The first part of
+    the callback's plan is ``step=None`` (steps 1, 4, 5), its second ``earlier=`` that result with
+    ``step``.
 
     Args:
         module: the planned module (the LightningModule or its ``submodule``); its blocks must not be
@@ -290,7 +292,7 @@ def plan_step(
         issued.append(f"{call}: {several_backwards_warning(step.backwards)}")
         warnings.warn(issued[-1], PlanWarning, stacklevel=3)
 
-    if step is not None and fc is not None:
+    if step is not None and fc is not None and fc.peak_bytes is not None:
         # 6. the gradients neither the compiled graphs nor the eager code give
         if step.eager_reached is not None:
             compiled = fc.compiled_parameter_ids

@@ -157,3 +157,30 @@ def test_arguments_are_checked() -> None:
     earlier = plan_step(model, settings=settings, args=(x,))
     with pytest.raises(ValueError, match=r"`plan` \(decided already\) or `earlier`"):
         plan_step(model, settings=settings, args=(x,), plan=earlier.plan, earlier=earlier)
+
+
+def test_a_forecast_without_a_peak_is_not_laid_out_nor_other_calls_forecast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callback's second part after a forecast whose compile failed (``peak_bytes=None``):
+    the plan and forecast stand as they are; no call of other shapes is forecast for them."""
+    import dataclasses
+
+    from lightning_memplan.planner.step_model import call_signature
+
+    model, x, opt = _setup()
+    settings = _settings(budget=0.5)
+    first = plan_step(model, settings=settings, args=(x,), optimizer=opt)
+    assert first.forecast is not None
+    earlier = dataclasses.replace(first, forecast=dataclasses.replace(first.forecast, peak_bytes=None))
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("other calls forecast for a forecast without a peak")
+
+    monkeypatch.setattr(pipeline, "other_call_forecasts", never)
+    monkeypatch.setattr(pipeline, "lay_out_step", never)
+    x2 = torch.randn(8, 32)
+    sigs = (call_signature((x,), {}), call_signature((x2,), {}))
+    failed: list[str] = []
+    then = plan_step(model, settings=settings, args=(x,), optimizer=opt, earlier=earlier,
+                     step=StepObservation(calls=2, signatures=sigs, others={sigs[1]: ((x2,), {})}),
+                     on_failure=lambda stage, exc: failed.append(stage))
+    assert failed == [] and then.plan == first.plan and then.forecast is earlier.forecast
