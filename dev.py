@@ -2,7 +2,7 @@
 """The project's two commands, on a fresh machine with nothing but Python installed.
 
     python3 dev.py demo     # set up .venv if needed, then run the main job
-    python3 dev.py test     # set up .venv if needed, then run the test suite, lane by lane
+    python3 dev.py test     # set up .venv if needed, then run the test suite (lane by lane: tests/conftest.py)
     python3 dev.py test -m unit   # the fast lane alone (any arguments go to pytest as they are)
     python3 dev.py bench    # the solver benchmark (see benchmarks/)
 
@@ -18,7 +18,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 import venv
 from pathlib import Path
 
@@ -33,30 +32,6 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 def _run(cmd: list[str], **kw: object) -> int:
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd, **kw)  # type: ignore[arg-type]
-
-
-#: The suite's lanes, in the order ``dev.py test`` runs them (markers set in tests/conftest.py).
-LANES = (
-    ("unit", "pure libraries and Trainer-free parts, no compile"),
-    ("compile", "forecasts on real torch.compile graphs"),
-    ("fit", "real Lightning Trainers: callback, tuner, examples, demo"),
-    ("slow", "several processes: DDP, FSDP2, tensor parallelism over gloo"),
-)
-
-
-def _test_lanes(env: dict[str, str]) -> int:
-    """Run every lane in turn, saying which runs and how long each took; the first failure's exit
-    status (pytest's 5, "no test collected", counts as success)."""
-    status, times, t_all = 0, [], time.perf_counter()
-    for lane, what in LANES:
-        print(f"\n== lane {lane!r}: {what}", flush=True)
-        t0 = time.perf_counter()
-        rc = _run([str(PY), "-m", "pytest", "-q", "-m", lane], cwd=ROOT, env=env)
-        rc = 0 if rc == 5 else rc
-        times.append(f"{lane} {time.perf_counter() - t0:.0f} s{'' if rc == 0 else f' (FAILED, exit {rc})'}")
-        status = status or rc
-    print(f"\n== test lanes: {', '.join(times)}; total {time.perf_counter() - t_all:.0f} s", flush=True)
-    return status
 
 
 def _have_torch() -> bool:
@@ -100,8 +75,6 @@ def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cmd == "test":
-        if not rest:
-            return _test_lanes(env)
         return _run([str(PY), "-m", "pytest", "-q", *rest], cwd=ROOT, env=env)
     return _run([str(PY), "-m", "lightning_memplan.cli", cmd, *rest], cwd=ROOT, env=env)
 

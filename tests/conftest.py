@@ -8,10 +8,13 @@ every test in one lane (see README, "Tests"):
 - ``slow``: several processes (DDP, FSDP, tensor parallelism over gloo), or minutes each.
 
 A module's lane comes from ``LANES`` below (by its path under ``tests/``) unless it marks itself.
+The suite runs lane by lane in that order (a stable sort: files keep their order within a lane); a
+line names each lane as it starts, and the summary gives each lane's seconds.
 """
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -27,11 +30,17 @@ LANES = {
     "forecast/test_fsdp_memory.py": "compile",
 }
 LANE_NAMES = ("unit", "compile", "fit", "slow")
+LANE_WHAT = {"unit": "pure libraries and Trainer-free parts, no compile", "compile": "forecasts on real graphs",
+             "fit": "real Lightning Trainers", "slow": "several gloo processes"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for name in LANE_NAMES:
         config.addinivalue_line("markers", f"{name}: the {name} lane (see tests/conftest.py)")
+
+
+def _lane(item: pytest.Item) -> str:
+    return next(name for name in LANE_NAMES if item.get_closest_marker(name))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -43,3 +52,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         matches = [prefix for prefix in LANES if rel.startswith(prefix)]
         lane = LANES[max(matches, key=len)] if matches else "fit"
         item.add_marker(getattr(pytest.mark, lane))
+    items.sort(key=lambda it: LANE_NAMES.index(_lane(it)))
+    _LANE_OF.update({it.nodeid: _lane(it) for it in items})
+    _CONFIG.append(config)
+
+
+_LANE_OF: dict[str, str] = {}  # test node id -> lane
+_CONFIG: list[pytest.Config] = []
+_LANE_TIMES: dict[str, list[float]] = {}  # lane -> [start, end] (perf_counter seconds)
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    lane, now = _LANE_OF.get(nodeid), time.perf_counter()
+    if lane is None:
+        return
+    if lane not in _LANE_TIMES:
+        reporter = _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
+        if reporter is not None:
+            reporter.write(f"\n== lane {lane!r}: {LANE_WHAT[lane]}\n")
+        _LANE_TIMES[lane] = [now, now]
+
+
+def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+    lane = _LANE_OF.get(nodeid)
+    if lane in _LANE_TIMES:
+        _LANE_TIMES[lane][1] = time.perf_counter()
+
+
+def pytest_terminal_summary(terminalreporter: object) -> None:
+    if _LANE_TIMES:
+        lanes = ", ".join(f"{lane} {end - start:.0f} s" for lane, (start, end) in _LANE_TIMES.items())
+        terminalreporter.write_line(f"lanes: {lanes}")  # type: ignore[attr-defined]
