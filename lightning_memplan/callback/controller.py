@@ -38,13 +38,13 @@ from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.unit_compile import UnitCompile
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import checkpointed
-from lightning_memplan.planner.search import replan_candidate
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
 from lightning_memplan.planner.messages import PlanWarning
 from lightning_memplan.planner.pipeline import PlannedStep, Stage, StepObservation, plan_step
 from lightning_memplan.planner.plan_forecast import forecast_plan, lay_out_step
+from lightning_memplan.planner.search import replan_candidate
 from lightning_memplan.planner.settings import plan_solver
-from lightning_memplan.planner.step_model import gradless_parameters, live_grad_bytes, step_grad_bytes, TrainingLoop
+from lightning_memplan.planner.step_model import TrainingLoop, gradless_parameters, live_grad_bytes, step_grad_bytes
 from lightning_memplan.units import format_bytes
 
 __all__ = ["PlanController"]

@@ -19,7 +19,7 @@ from lightning_memplan._torch.fsdp import fsdp2_backward_hooks_inert
 from lightning_memplan._torch.storages import tree_leaves
 from lightning_memplan.forecasting.eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
 from lightning_memplan.forecasting.result import Forecast
-from lightning_memplan.planner.messages import eager_forward_warning, PlanWarning, uncompiled_warnings
+from lightning_memplan.planner.messages import PlanWarning, eager_forward_warning, uncompiled_warnings
 from lightning_memplan.planner.step_model import (
     call_signature,
     fresh_input_bytes,

@@ -9,8 +9,8 @@ from typing import Any
 from torch import nn
 
 from lightning_memplan.core.instance_patch import instance_attributes
-from lightning_memplan.planner.precompiled import compiled_by_user
 from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.precompiled import compiled_by_user
 
 __all__ = ["ForwardPatch", "has_submodule"]
 

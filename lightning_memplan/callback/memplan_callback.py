@@ -35,8 +35,8 @@ from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
-from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.planner.settings import resolve_submodule
 
 __all__ = ["MemPlanCallback", "MemPlanWarning"]

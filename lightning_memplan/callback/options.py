@@ -9,7 +9,7 @@ from typing import Any
 
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
-from lightning_memplan.planner.settings import check_submodule, PlanSettings
+from lightning_memplan.planner.settings import PlanSettings, check_submodule
 
 __all__ = ["CallbackOptions", "callback_options"]
 

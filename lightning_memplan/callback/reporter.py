@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.step_model import lightning_step_timeline, TrainingLoop
+from lightning_memplan.planner.step_model import TrainingLoop, lightning_step_timeline
 from lightning_memplan.units import format_bytes
 
 __all__ = ["emit_figure", "epoch_line", "epoch_metrics", "plan_table", "plot_frontier", "plot_timeline"]

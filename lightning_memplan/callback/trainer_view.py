@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
-from lightning_memplan.planner.step_model import gradless_bytes, other_optimizer_state_bytes, TrainingLoop
+from lightning_memplan.planner.step_model import TrainingLoop, gradless_bytes, other_optimizer_state_bytes
 
 __all__ = ["TrainerView"]
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from lightning_memplan._torch.dynamo import isolated_compile_kwargs
-from lightning_memplan._torch.fsdp import fsdp2_active_unit, fsdp2_units, Fsdp2Units
+from lightning_memplan._torch.fsdp import Fsdp2Units, fsdp2_active_unit, fsdp2_units
 from lightning_memplan._torch.partitioner import eager_backward_compile
 from lightning_memplan.core.fresh_code import fresh_function
 from lightning_memplan.forecasting.backend import MemplanBackend

@@ -31,7 +31,6 @@ import torch.nn as nn
 from lightning_memplan.forecasting.assemble import PlanCapture, assemble_forecast
 from lightning_memplan.forecasting.backend import memplan_backend
 from lightning_memplan.forecasting.compile_step import compile_step
-
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.validate import (
     check_budget,

@@ -55,11 +55,7 @@ class PlanSettings:
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""
-        from lightning_memplan.forecasting.validate import (
-            check_budget as _check_budget,
-            check_inner as _check_inner,
-            resolve_solver,
-        )
+        from lightning_memplan.forecasting.validate import check_budget, check_inner, resolve_solver
 
         if isinstance(budget, str):
             if budget != "auto":
@@ -70,13 +66,13 @@ class PlanSettings:
                     f"'auto'.{hint}"
                 )
         else:
-            budget = _check_budget(budget, call)
+            budget = check_budget(budget, call)
         max_bytes = None if max_memory is None else parse_bytes(max_memory, argument="max_memory")
         name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
         if checkpoint is not None and checkpoint != "auto":
             checkpoint = frozenset(_policy_classes(checkpoint))
         try:  # a number is not iterable (TypeError); a string iterates into non-budgets (ValueError)
-            remat = tuple(_check_budget(b, call) for b in remat_budgets)
+            remat = tuple(check_budget(b, call) for b in remat_budgets)
         except (TypeError, ValueError):
             raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1] "
                              "(empty for none).") from None
@@ -86,9 +82,9 @@ class PlanSettings:
         return cls(
             budget=budget, max_memory=max_bytes, solver=solver,
             solver_name=solver if isinstance(solver, str) else f"custom:{name}",
-            checkpoint=checkpoint, backend=_check_inner(backend, call, "backend"),
-            candidate_budgets=tuple(_check_budget(b, call) for b in cands),
-            search_backend=_check_inner(search_backend, call, "search_backend"),
+            checkpoint=checkpoint, backend=check_inner(backend, call, "backend"),
+            candidate_budgets=tuple(check_budget(b, call) for b in cands),
+            search_backend=check_inner(search_backend, call, "search_backend"),
             remat_budgets=remat,
         )
 

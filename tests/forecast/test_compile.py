@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from lightning_memplan.forecasting import backend as mp_compile
-from lightning_memplan.forecasting.backend import memplan_backend, MemplanBackend
+from lightning_memplan.forecasting.backend import MemplanBackend, memplan_backend
 from lightning_memplan.forecasting.estimator import profile_region
 from lightning_memplan.forecasting.fx import node_flops
 
