@@ -20,6 +20,7 @@ from lightning_memplan._torch.version import require
 __all__ = [
     "concrete_int",
     "dispatch_mode_base",
+    "held_tensors",
     "local_tensor",
     "storage_key",
     "storage_weak_ref",
@@ -74,6 +75,29 @@ def tree_leaves(tree: Any) -> list[Any]:
     """The leaves of ``tree``; traceable by dynamo (a default loss inside a compiled function calls
     it: no import happens at call time, so it adds no graph break)."""
     return list(_pytree.tree_leaves(tree))
+
+
+def held_tensors(tree: Any, *, depth: int = 4) -> list[torch.Tensor]:
+    """The tensors ``tree`` holds: its pytree leaves that are tensors, and those held in the
+    attributes of its other leaves, objects pytree does not flatten (transformers' ``DynamicCache``
+    keeps each layer's keys and values in ``cache.layers[i].keys``), down to ``depth`` objects deep;
+    each tensor once, modules and classes not entered. Eager code only: dynamo does not trace it."""
+    out: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(tree, 0)]
+    while stack:
+        node, level = stack.pop()
+        for leaf in _pytree.tree_leaves(node):
+            if isinstance(leaf, torch.Tensor):
+                out.setdefault(id(leaf), leaf)
+                continue
+            if (level >= depth or id(leaf) in seen or isinstance(leaf, (torch.nn.Module, type, str, bytes))
+                    or not hasattr(leaf, "__dict__")):
+                continue
+            seen.add(id(leaf))
+            values = [v for v in vars(leaf).values() if not callable(v) or isinstance(v, torch.Tensor)]
+            stack.append((values, level + 1))
+    return list(out.values())
 
 
 def concrete_int(value: Any) -> int:

@@ -52,7 +52,7 @@ from lightning_memplan._torch.partitioner import (
     probe_partitioner,
     select_decomp_table,
 )
-from lightning_memplan._torch.storages import storage_key, storage_weakref, tree_leaves
+from lightning_memplan._torch.storages import held_tensors, storage_key, storage_weakref
 from lightning_memplan._torch.version import check_torch_version
 from lightning_memplan.forecasting.capture import (
     RegionCapture,
@@ -254,7 +254,7 @@ class MemplanBackend:
     def _watch_outputs(self, position: int, out: Any) -> None:
         """Note the storages of the outputs of the region call at ``position`` and hook its
         backward node: which earlier calls' outputs die while it runs (:attr:`early_frees`)."""
-        leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        leaves = held_tensors(out)
         unique = {storage_key(t): t for t in leaves}
         self._position_outputs[position] = [(storage_weakref(t), int(t.untyped_storage().nbytes()))
                                             for t in unique.values()]

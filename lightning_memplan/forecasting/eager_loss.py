@@ -28,9 +28,9 @@ from torch.autograd.graph import GradientEdge
 
 from lightning_memplan._torch.storages import (
     local_tensor,
+    held_tensors,
     storage_key,
     storage_weakref,
-    tree_leaves,
 )
 from lightning_memplan.measure import PeakWindow
 
@@ -74,6 +74,11 @@ class EagerLoss:
     #: planned submodule): the loss's backward makes them, after its peak, and they live on to the
     #: optimizer step. Parameters the forecast's graphs read are not counted here.
     param_grad_bytes: int = 0
+    #: Outputs that require grad and that the loss does not reach, of a compiled region the loss
+    #: does reach (``.logits`` and the KV cache beside ``.loss``): autograd hands that region's
+    #: backward a tensor of zeros for each (``torch.autograd.Function`` materializes the missing
+    #: gradients), as large as the output, live from the backward's start as its incoming gradient.
+    zero_grad_bytes: int = 0
 
 
 def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
@@ -98,7 +103,7 @@ def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
         kept_bytes=s(loss.kept_bytes), backward_peak_bytes=s(loss.backward_peak_bytes),
         output_grad_bytes=s(loss.output_grad_bytes), forward_peak_bytes=s(loss.forward_peak_bytes),
         inner_outputs=tuple((k, s(n)) for k, n in loss.inner_outputs), held_inner_bytes=s(loss.held_inner_bytes),
-        param_grad_bytes=loss.param_grad_bytes)
+        param_grad_bytes=loss.param_grad_bytes, zero_grad_bytes=s(loss.zero_grad_bytes))
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:
@@ -194,7 +199,7 @@ class NotedOutputs:
 
         from torch.autograd.graph import get_gradient_edge
 
-        leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        leaves = held_tensors(out)
         storages = {storage_key(t): t for t in leaves}
         grad = [t for t in leaves if t.requires_grad]
         return cls(edges=[get_gradient_edge(t) for t in grad],
@@ -254,7 +259,7 @@ class EagerCalls:
         edges, self._region_edges = self._region_edges, set()
         note, self._tentative = self._tentative, None
         if note is not None and note.edges:
-            grads = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+            grads = [t for t in held_tensors(out) if t.requires_grad]
             if any((id(e.node), e.output_nr) not in edges for e in map(get_gradient_edge, grads)):
                 self._append(note)
                 return
@@ -305,6 +310,17 @@ def _reach(root: Any, stops: dict[int, int]) -> tuple[dict[int, Any], dict[int, 
         if key not in stops:
             stack.extend((n, False) for n, _ in node.next_functions if n is not None)
     return nodes, reach
+
+
+def _edges_reached(loss: torch.Tensor, nodes: dict[int, Any], stops: dict[int, int]) -> set[tuple[int, int]]:
+    """``(node id, output_nr)`` of every output edge the backward of ``loss`` sends a gradient
+    along: the loss's own edge and the ``next_functions`` of every node walked (``nodes``, from
+    :func:`_reach`) that is not one of the ``stops``."""
+    reached = {(id(loss.grad_fn), loss.output_nr)}
+    for key, node in nodes.items():
+        if key not in stops:
+            reached.update((id(n), nr) for n, nr in node.next_functions if n is not None)
+    return reached
 
 
 def parameters_reached(loss: torch.Tensor, stop_at: Iterable[GradientEdge] = ()) -> set[int]:
@@ -370,6 +386,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
     if not any(k in nodes for k in stops):
         raise ValueError("measure_eager_loss: the loss does not depend on the compiled forward's outputs")
     inner = _inner_edges(calls)
+    sent = _edges_reached(loss, nodes, stops)
     # per call: output storages a later compiled region takes as its input (in the forecast already)
     held = [{k: b for e, k, b in zip(c.edges, c.edge_keys, c.edge_bytes) if (id(e.node), e.output_nr) in inner}
             for c in calls]
@@ -400,6 +417,10 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
         mine = {s: b for s, (owner, b) in kept.items() if owner == c}
         outputs_kept = sum(b for s, b in mine.items() if s in call.live_outputs)
         edges = [e for e in call.edges if id(e.node) in nodes]
+        # outputs of a region whose backward runs that get no gradient: autograd passes zeros
+        zeros = sum({k: b for e, k, b in zip(call.edges, call.edge_keys, call.edge_bytes)
+                     if id(e.node) in nodes and (id(e.node), e.output_nr) not in sent
+                     and (id(e.node), e.output_nr) not in inner}.values())
         grad_bytes = peak = 0
         if edges:
             with PeakWindow(device) as window:
@@ -413,7 +434,8 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                              kept_bytes=int(sum(mine.values()) - outputs_kept),
                              backward_peak_bytes=max(peak, grad_bytes), output_grad_bytes=grad_bytes,
                              forward_peak_bytes=int(call.forward_peak_bytes),
-                             inner_outputs=tuple(sorted(held[c].items())), param_grad_bytes=param_grads[c]))
+                             inner_outputs=tuple(sorted(held[c].items())), param_grad_bytes=param_grads[c],
+                             zero_grad_bytes=int(zeros)))
     return tuple(out)
 
 

@@ -266,7 +266,7 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
         # realized as a buffer of their size wherever a matmul reads it, until its last read:
         # it already stands in for the real gradients there. In an FX graph it stays a view
         # of the scalar.
-        hold[end] = loss.output_grad_bytes if seq[end].method == "fx" else 0
+        hold[end] = loss.output_grad_bytes + loss.zero_grad_bytes if seq[end].method == "fx" else 0
     # each call's outputs die where the compiling run's did, in that call's own backwards, unless
     # training_step took hold of one of them (returned it: Lightning keeps it through the backward)
     held = [c < len(losses) and losses[c].held_inner_bytes > 0 for c in range(n)]

@@ -224,3 +224,53 @@ def test_a_cross_entropy_measured_at_two_batch_sizes_scales_with_its_outputs() -
     assert scaled.param_grad_bytes == small.param_grad_bytes
     with pytest.raises(ValueError, match=r"ratio=0 must be a finite number > 0"):
         scaled_eager_loss(small, 0)
+
+
+class _Cache:
+    """An object pytree does not flatten, holding tensors in a list of layers (as transformers'
+    ``DynamicCache`` holds each layer's keys and values)."""
+
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.layers = [type("Layer", (), {})()]
+        self.layers[0].keys = keys
+
+
+class _WithLossAndCache(nn.Module):
+    """A forward that computes its own loss and returns it beside the logits and a cache, as a
+    transformers model called with ``labels=`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.head = nn.Linear(16, 24), nn.Linear(24, 500)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, object]:
+        keys = self.proj(x)
+        logits = self.head(torch.tanh(keys))
+        return {"loss": F.cross_entropy(logits, y), "logits": logits, "cache": _Cache(keys)}
+
+
+def test_outputs_the_loss_does_not_reach_get_zero_gradients_of_their_size() -> None:
+    """``out["loss"]`` alone is differentiated: the logits and the cached keys (found inside the
+    cache object) are outputs of the compiled region whose backward runs, so autograd hands it
+    zeros as large as each: ``zero_grad_bytes``. With the logits in the loss, only the keys."""
+    torch.manual_seed(0)
+    model = _WithLossAndCache()
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    x, y = torch.randn(64, 16), torch.arange(64) % 500
+    logits_bytes, keys_bytes = 64 * 500 * 4, 64 * 24 * 4
+
+    out = compiled(x, y)
+    call = NotedOutputs.of(out)
+    assert sorted(call.edge_bytes) == [4, keys_bytes, logits_bytes]  # the cache's keys are found
+    loss = out["loss"]
+    del out
+    (m,) = measure_eager_losses(loss, [call.now()], exclude=[*model.parameters(), x, y])
+    assert m.zero_grad_bytes == logits_bytes + keys_bytes
+    assert m.outputs_bytes == 4 + logits_bytes + keys_bytes
+
+    out = compiled(x, y)
+    call = NotedOutputs.of(out)
+    loss = out["loss"] + out["logits"].float().mean()
+    del out
+    (m,) = measure_eager_losses(loss, [call.now()], exclude=[*model.parameters(), x, y])
+    assert m.zero_grad_bytes == keys_bytes
