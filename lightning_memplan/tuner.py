@@ -30,9 +30,11 @@ from lightning_memplan.forecasting.eager_loss import (
     parameters_reached,
 )
 from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.called_modules import CallWatch, ModuleCall
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
 from lightning_memplan.planner.pipeline import StepObservation, plan_step
 from lightning_memplan.planner.precompiled import compiled_by_user
+from lightning_memplan.planner.rng import rng_kept
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.planner.settings import (
     PlanSettings,
@@ -154,6 +156,36 @@ def _forward_arguments(model: LightningModule, batch: Any, target: nn.Module | N
             "(`submodule=\"model\"` for `self.model(x)`)."
         )
     return captured["call"]
+
+
+def _called_module(model: LightningModule, batch: Any) -> str | None:
+    """The module ``training_step`` plans, found as the callback finds it on its first batch: the
+    LightningModule itself when the step calls ``self(...)`` (``None``), else the path of the first
+    module with trainable parameters it calls (``self.model(**batch)``: ``"model"``); ``None`` when
+    it calls neither (the caller then says so). The step runs up to that call only."""
+    found: list[str | None] = []
+
+    def at_root(*args: Any, **kwargs: Any) -> Any:
+        found.append(None)
+        raise _Captured
+
+    def choose(call: ModuleCall, module: nn.Module) -> Callable[..., Any]:
+        found.append(call.path)
+        raise _Captured
+
+    watch = CallWatch(model, choose)
+    try:
+        with instance_attributes([(model, "forward", at_root), *_stand_ins(model, [])]), torch.enable_grad():
+            watch.open()
+            model.training_step(batch, 0)
+    except _Captured:
+        pass
+    finally:
+        watch.close()
+    if found and found[0] is not None:
+        rank_zero_info(f"plan_memory: training_step calls `self.{found[0]}(...)`: planning {found[0]!r} "
+                       "(pass `submodule=` to plan another module).")
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -323,9 +355,6 @@ def plan_memory(
     path = check_submodule(submodule, "plan_memory")
     if is_overridden("configure_model", model):  # it makes (or compiles) the model, as fit calls it
         model.configure_model()
-    user = compiled_by_user(model, resolve_submodule(model, path, "plan_memory"))
-    target = user.module
-    call = f"self.{submodule}(...)" if submodule else "self(...)"
     if train_dataloaders is not None:
         loader = train_dataloaders
     elif datamodule is not None:
@@ -338,19 +367,31 @@ def plan_memory(
     param = next(model.parameters(), None)
     home = param.device if param is not None else torch.device("cpu")
     was_training = model.training
+    try:
+        model.to(device)
+        model.train()
+        batch = move_data_to_device(batch, device)
+        if path is None:  # training_step may call self.model(...) rather than self(...)
+            with trainer.strategy.precision_plugin.train_step_context(), rng_kept():
+                path = _called_module(model, batch)
+        user = compiled_by_user(model, resolve_submodule(model, path, "plan_memory"))
+    finally:
+        model.to(home)
+        model.train(was_training)
+    target = user.module
+    call = f"self.{path}(...)" if path else "self(...)"
     # the user's torch.compile undone meanwhile: the plan compiles the forward (precompiled.py)
     with instance_attributes(user.patches):
         try:
             model.to(device)
             model.train()
-            batch = move_data_to_device(batch, device)
             optimizers = _configured(model.configure_optimizers())[0]
             optimizer = optimizers[0] if optimizers else None
             forward = target.forward
             loop = dataclasses.replace(TrainingLoop.of(trainer, model, target),
                                        other_optimizer_state_bytes=other_optimizer_state_bytes(optimizers))
             # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
-            with trainer.strategy.precision_plugin.train_step_context():
+            with trainer.strategy.precision_plugin.train_step_context(), rng_kept():
                 probed = _probe_step(model, batch, target, device)
                 args, kwargs = (probed.args, probed.kwargs) if probed else _forward_arguments(model, batch, target, call)
                 # decide, re-judge for the step, forecast, warn, lay out (planner.pipeline)

@@ -37,11 +37,13 @@ from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimize
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.unit_compile import UnitCompile
 from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.called_modules import ModuleCall, nothing_to_plan
 from lightning_memplan.planner.checkpointing import checkpointed
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
 from lightning_memplan.planner.messages import PlanWarning
 from lightning_memplan.planner.pipeline import PlannedStep, Stage, StepObservation, plan_step
 from lightning_memplan.planner.plan_forecast import forecast_plan, lay_out_step
+from lightning_memplan.planner.rng import rng_kept
 from lightning_memplan.planner.search import replan_candidate
 from lightning_memplan.planner.settings import plan_solver
 from lightning_memplan.planner.step_model import TrainingLoop, gradless_parameters, live_grad_bytes, step_grad_bytes
@@ -100,6 +102,9 @@ class PlanController:
         self._wrapped: tuple[Any, ...] | None = None  # the _key of the plan whose blocks the stack wraps
         self._kept: tuple[Forecast | None, ...] = ()  # the search's candidate forecasts, kept through the first batch
         self._replanned = False
+        #: Which module is planned and why (the plan table's first row).
+        self.planned = (f"`{options.submodule}` ({type(module).__name__}): `submodule={options.submodule!r}`"
+                        if options.submodule else "the LightningModule (`self(...)` in training_step)")
 
     # ------------------------------------------------------------------ helpers
     def loop(self) -> TrainingLoop:
@@ -112,23 +117,24 @@ class PlanController:
         if optimizer is None or not reached:
             return None
         gradless = {id(p) for p in gradless_parameters(self._module, reached)}
+        gradless.update(id(p) for g in optimizer.param_groups for p in g["params"]
+                        if isinstance(p, torch.Tensor) and p.requires_grad and id(p) not in reached)
         return optimizer_memory(optimizer, gradless=gradless) if gradless else None
 
     def may_replan(self) -> bool:
         """Whether the closed loop may still re-plan (it needs the first batch's inputs)."""
         return self._o.replan and self._s.max_memory is not None and not self._replanned
 
-    def end_first_batch(self, outputs: Any, submodule: str | None) -> None:
+    def end_first_batch(self, outputs: Any, submodule: str | None, called: list[ModuleCall]) -> None:
         """The first batch ended (``training_step`` returned ``outputs``): without a training call
-        of the forward there is nothing to plan; else the step it showed judges the plan again
-        and lays out its forecast; warns when it ran several backward passes."""
+        of the forward there is nothing to plan (``called``: the outermost module calls the step
+        made, for the message); else the step it showed judges the plan again and lays out its
+        forecast; warns when it ran several backward passes."""
         p = self._profile
         if self.plan is None and self.fallback_reason is None:
-            call = f"self.{submodule}(...)" if submodule else "self(...)"
-            self.fallback_reason = f"training_step never called the module itself (`{call}`)"
-            hint = "" if submodule else " If it calls a submodule (`self.model(x)`), pass `submodule=\"model\"`."
-            _warn(f"training_step did not call `{call}` in the first batch, so there is no forward to plan and "
-                  f"compile; training goes on uncompiled.{hint}")
+            message = nothing_to_plan(submodule, called)
+            self.fallback_reason = message.split(",")[0]
+            _warn(message)
         p.finish(outputs, self._module)
         if self.plan is not None and p.calls >= 1 and self.example is not None:
             self._lay_out(judge=True)  # every rank: rank 0 re-judges with its measurement
@@ -208,9 +214,10 @@ class PlanController:
         assert self.example is not None
         args, kwargs = self.example
         kw.setdefault("blocks", self._forecast_context)
-        return plan_step(self._module, settings=self._s, args=args, kwargs=kwargs, forward=self._forward,
-                         optimizer=self._view.optimizer(), call="MemPlanCallback", loop=self.loop(),
-                         on_failure=failure, **kw)
+        with rng_kept():  # the forecasts' runs of the forward draw nothing the user's training would
+            return plan_step(self._module, settings=self._s, args=args, kwargs=kwargs, forward=self._forward,
+                             optimizer=self._view.optimizer(), call="MemPlanCallback", loop=self.loop(),
+                             on_failure=failure, **kw)
 
     # ------------------------------------------------------------------ decide and install
     def activate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -301,7 +308,7 @@ class PlanController:
         if not self.may_replan() and self._progress.later:
             self.example = None  # no re-plan can follow: do not hold on to the first batch
         if self._o.verbose:
-            rank_zero_info(reporter.plan_table(plan, self.timings))
+            rank_zero_info(reporter.plan_table(plan, self.timings, planned=self.planned))
         if self._o.log_plots:
             reporter.plot_frontier(self._view.trainer, plan, self._s.max_memory)
 
@@ -462,7 +469,7 @@ class PlanController:
         peak: int | None = None
         try:
             loop = self.loop()
-            with self._view.step_context():
+            with self._view.step_context(), rng_kept():
                 shaped, fc = forecast_plan(self._s, plan, self._module, self._forward, call.args, call.kwargs,
                                            self._view.optimizer(), loop=loop)
             if fc.peak_bytes is None:
@@ -519,7 +526,7 @@ class PlanController:
         try:
             loop = self.loop()
             kept: list[Any] = []
-            with self._view.step_context():
+            with self._view.step_context(), rng_kept():
                 searched = decide_plan(self._s, self._module, self._forward, call.args, call.kwargs,
                                        self._view.optimizer(), call="MemPlanCallback", loop=loop, kept=kept)
             plan = searched

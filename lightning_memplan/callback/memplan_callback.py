@@ -34,6 +34,7 @@ from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.called_modules import CallWatch, ModuleCall, also_called
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
 from lightning_memplan.planner.messages import PlanWarning
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
@@ -295,6 +296,33 @@ class MemPlanCallback(Callback):
                                    profile=fit.profile, shapes=fit.shapes, watch=fit.watch, progress=fit.progress,
                                    restored=lambda: self._restored_plan)
 
+    def _plan_called(self, pl_module: LightningModule, call: ModuleCall) -> Callable[..., Any] | None:
+        """``training_step``'s first call of a module with trainable parameters, outside ``self(...)``
+        (no ``submodule`` given): that module is planned from this call on, as ``submodule=`` plans
+        it; returns its planned forward. ``None`` (it runs as written) outside training."""
+        fit = self._fit
+        if not (fit.view.training() and torch.is_grad_enabled()):
+            return None
+        fit.patch.detach()
+        self._attach(pl_module, resolve_submodule(pl_module, call.path, "MemPlanCallback"))
+        fit.planned = (f"`{call.path}` ({call.kind}): the first module with trainable parameters training_step "
+                       "called")
+        assert fit.plans is not None and fit.patch.module is not None
+        fit.plans.planned = fit.planned
+        return fit.patch.module.forward
+
+    def _end_watch(self) -> None:
+        """The first batch ended: stop watching module calls; name the modules called outside the plan."""
+        watch, self._fit.calls = self._fit.calls, None
+        if watch is None:
+            return
+        watch.close()
+        said = also_called(watch.chosen, watch.calls) if watch.chosen is not None else None
+        if said is not None and said[1]:
+            warnings.warn(f"MemPlanCallback: {said[0]}", MemPlanWarning, stacklevel=3)
+        elif said is not None and self._options.verbose:
+            rank_zero_info(f"MemPlan: {said[0]}")
+
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -307,6 +335,9 @@ class MemPlanCallback(Callback):
         self._restore()
 
     def _restore(self) -> None:
+        if self._fit.calls is not None:
+            self._fit.calls.close()
+            self._fit.calls = None
         self._fit.patch.detach()
         if self._fit.plans is not None:
             self._fit.plans.close()
@@ -319,6 +350,9 @@ class MemPlanCallback(Callback):
         each run of measured batches starts with a warm-up window (see :mod:`.peak_meter`)."""
         fit = self._fit
         fit.progress.start_batch()
+        if fit.progress.first and self._options.submodule is None and fit.plans is not None:
+            # training_step may call self.model(...) rather than self(...): plan what it calls
+            fit.calls = CallWatch(pl_module, lambda call, _: self._plan_called(pl_module, call)).open()
         profiled = fit.meter.wants_batch()
         if fit.shapes.start_batch(batch, track=self._options.forecast_new_shapes, later=fit.progress.later,
                                   profiled=profiled, measured_eager=bool(fit.profile.eager_losses)):
@@ -368,7 +402,11 @@ class MemPlanCallback(Callback):
         if plans is None:
             return
         if fit.progress.first:
-            plans.end_first_batch(outputs, self._options.submodule)
+            called = fit.calls.calls if fit.calls is not None else []
+            self._end_watch()
+            plans = fit.plans  # the module training_step called may be planned now
+            assert plans is not None
+            plans.end_first_batch(outputs, self._options.submodule, called)
         seen = len(fit.watch.recompiles)
         fit.watch.check(fit.progress.batches)
         sig, call, noted = fit.shapes.batch_sig, fit.shapes.batch_call, fit.shapes.noting

@@ -16,6 +16,7 @@ from lightning_memplan.callback.phase import FitProgress
 from lightning_memplan.callback.recompiles import RecompileWatch
 from lightning_memplan.callback.shapes import ShapeTracker
 from lightning_memplan.callback.trainer_view import TrainerView
+from lightning_memplan.planner.called_modules import CallWatch
 from lightning_memplan.planner.step_model import call_signature, input_storages
 
 __all__ = ["FitParts", "PlannedForward"]
@@ -34,6 +35,10 @@ class FitParts:
     shapes: ShapeTracker = dataclasses.field(default_factory=ShapeTracker)
     plans: PlanController | None = None
     timeline_plotted: bool = False
+    #: The first batch's watch of the modules training_step calls (``submodule`` not given).
+    calls: CallWatch | None = None
+    #: Which module is planned and why, for the plan table.
+    planned: str = "the LightningModule (`self(...)` in training_step)"
 
     def __post_init__(self) -> None:
         self.watch = RecompileWatch(verbose=self.verbose)
@@ -56,6 +61,8 @@ class PlannedForward:
         training = fit.view.training() and torch.is_grad_enabled()
         first, later = fit.progress.first, fit.progress.later
         if first and training:
+            if fit.calls is not None and fit.calls.chosen is None:
+                fit.calls.close()  # training_step called self(...): the LightningModule is planned
             fit.profile.note_call(args, kwargs)
         if plans.plan is None and plans.fallback_reason is None and training:
             plans.activate(args, kwargs)

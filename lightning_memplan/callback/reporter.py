@@ -49,10 +49,11 @@ def epoch_metrics(plan: MemPlan | None, predicted: int | None, complete: bool,
     return metrics
 
 
-def plan_table(plan: MemPlan, timings: dict[str, float]) -> str:
+def plan_table(plan: MemPlan, timings: dict[str, float], planned: str | None = None) -> str:
     """The plan in force as a two-column text table (``timings``: seconds, keys
-    ``decide_seconds`` and ``install_seconds``)."""
-    rows = [
+    ``decide_seconds`` and ``install_seconds``; ``planned``: which module is planned and why)."""
+    rows = [["planned module", planned]] if planned else []
+    rows += [
         ["budget", f"{plan.budget:g}"], ["solver", plan.solver], ["backend", plan.backend],
         ["checkpointed blocks", ", ".join(plan.checkpoint) or "none"],
         ["forecast peak (above baseline)", format_bytes(plan.predicted_peak_bytes)],

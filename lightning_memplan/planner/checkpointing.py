@@ -17,8 +17,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_memplan.core.instance_patch import instance_attributes
+from lightning_memplan.planner.rng import rng_kept
 
-__all__ = ["CheckpointPolicy", "checkpoint_candidates", "checkpointed", "resolve_blocks"]
+__all__ = ["CheckpointPolicy", "checkpoint_candidates", "checkpointed", "recompute_trial", "resolve_blocks"]
 
 CheckpointPolicy = Literal["auto"] | Iterable[type[nn.Module]] | None
 """``None`` (never checkpoint), ``"auto"`` (the model's repeated blocks) or a set of module classes
@@ -122,3 +123,24 @@ def checkpointed(model: nn.Module, names: Iterable[str]) -> Iterator[None]:
             raise ValueError(f"checkpoint block {name!r} is not a submodule of the model.") from None
     with instance_attributes([(sub, "forward", _checkpointed_forward(sub.forward)) for sub in subs]):
         yield
+
+
+def recompute_trial(module: nn.Module, forward: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any],
+                    loss_fn: Callable[[Any], torch.Tensor]) -> None:
+    """Run ``loss_fn(forward(*args, **kwargs))`` and its backward once, eagerly, with the blocks as
+    they are wrapped now (call it inside :func:`checkpointed`): a block whose recomputation differs
+    from its first run (it changes state it was passed, such as a KV cache it appends to) raises
+    here, in the planner, instead of in the user's first backward. Leaves no trace: the gradients
+    are not accumulated (``torch.autograd.grad``), the buffers (BatchNorm's running statistics) and
+    the random number generators are as before. Raises what the step raises."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        with rng_kept(), torch.enable_grad():
+            loss = loss_fn(forward(*args, **kwargs))
+            if params and loss.requires_grad:
+                torch.autograd.grad(loss, params, allow_unused=True)
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)

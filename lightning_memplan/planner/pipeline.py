@@ -24,7 +24,7 @@ from lightning_memplan._torch.fsdp import fsdp_kinds
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.checkpointing import checkpointed
+from lightning_memplan.planner.checkpointing import checkpointed, recompute_trial
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
 from lightning_memplan.planner.messages import (
     PlanWarning,
@@ -35,7 +35,9 @@ from lightning_memplan.planner.plan_forecast import (
     forecast_plan,
     lay_out_step,
     other_call_forecasts,
+    sum_outputs,
 )
+from lightning_memplan.planner.search import choose
 from lightning_memplan.planner.settings import PlanSettings
 from lightning_memplan.planner.step_model import (
     TrainingLoop,
@@ -128,13 +130,42 @@ class PlannedStep:
     """The :class:`~lightning_memplan.planner.messages.PlanWarning` messages this call issued, in order."""
 
 
+def first_line(exc: BaseException) -> str:
+    """``TypeName: the first line of the message`` (torch's errors run to pages)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], exc: Exception,
+                           settings: PlanSettings, call: str) -> tuple[MemPlan, tuple[Forecast | None, ...]]:
+    """``plan``'s checkpointed blocks failed when recomputed (``exc``): the plan chosen again among
+    its candidates without activation checkpointing (those with it marked failed, their kept
+    forecasts dropped so no re-judge picks them). Raises a RuntimeError when there is none (a plan
+    given without candidates)."""
+    why = f"checkpointed blocks failed when recomputed: {first_line(exc)}"
+    if not any(not c.checkpoint and c.peak_bytes is not None for c in plan.candidates):
+        raise RuntimeError(f"{call}: the plan's checkpointed blocks {list(plan.checkpoint)} failed when "
+                           f"recomputed ({first_line(exc)}), and there is no plan without checkpointing to take "
+                           "instead") from exc
+    candidates = [dataclasses.replace(c, peak_bytes=None, note=why) if c.checkpoint else c for c in plan.candidates]
+    chosen = choose(candidates, baseline_bytes=plan.baseline_bytes or 0, max_memory=settings.max_memory,
+                    solver=plan.solver)
+    chosen = dataclasses.replace(chosen, backend=plan.backend,
+                                 reason=f"{chosen.reason}, among the plans without checkpointing")
+    forecasts = tuple(None if c.checkpoint else f for c, f in zip(plan.candidates, kept)) if kept else ()
+    return chosen, forecasts
+
+
 def _gradless_optimizer_memory(module: nn.Module, optimizer: torch.optim.Optimizer | None,
                                reached: Collection[int]) -> OptimizerMemory | None:
-    """The optimizer's memory without the parameters of ``module`` not in ``reached`` (they get no
-    gradient, so no state); ``None`` when there is no optimizer or every parameter is reached."""
+    """The optimizer's memory without its parameters not in ``reached`` (they get no gradient, so
+    no state: ``module``'s, and those of the LightningModule outside it that the step does not
+    read); ``None`` when there is no optimizer or every parameter is reached."""
     if optimizer is None:
         return None
     gradless = {id(p) for p in gradless_parameters(module, reached)}
+    gradless.update(id(p) for g in optimizer.param_groups for p in g["params"]
+                    if isinstance(p, torch.Tensor) and p.requires_grad and id(p) not in reached)
     return optimizer_memory(optimizer, gradless=gradless) if gradless else None
 
 
@@ -274,6 +305,21 @@ def plan_step(
             plan = dataclasses.replace(decided, candidates=new.candidates, knee=new.knee, reason=new.reason)
         else:
             plan, forecast_done = new, False
+
+    # 3b. checkpointed blocks must recompute what they computed: one real step with them first
+    if plan.checkpoint and not forecast_done:
+        try:
+            with wrap(plan):
+                recompute_trial(module, forward, args, kwargs, sum_outputs)
+        except Exception as exc:
+            blocks = ", ".join(repr(n) for n in plan.checkpoint)
+            plan, kept = _without_checkpointing(plan, kept, exc, settings, call)
+            issued.append(f"{call}: activation checkpointing of {blocks} failed in a trial step, when recomputed "
+                          f"({first_line(exc)}): a block that changes state it is passed (a KV cache it appends "
+                          f"to) does not recompute what it computed. Took {plan.candidates[plan.chosen].label} "
+                          f"instead ({plan.reason}).")
+            warnings.warn(issued[-1], PlanWarning, stacklevel=2)
+            forecast_done = False
 
     # 4. forecast the chosen plan on the final backend; 5. what of the forward it does not reach
     if not forecast_done:

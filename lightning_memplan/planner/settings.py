@@ -98,10 +98,12 @@ def plan_solver(settings: PlanSettings, plan: MemPlan) -> str | Callable[..., An
 
 
 def check_submodule(path: str | None, call: str) -> str | None:
-    """``path`` if it is None or an attribute path (``"model"``, ``"model.backbone"``), else a ValueError."""
-    if path is not None and (not isinstance(path, str) or not all(p.isidentifier() for p in path.split("."))):
-        raise ValueError(f"`{call}(submodule={path!r})` must be None or an attribute path of the "
-                         "LightningModule such as 'model' or 'model.backbone'.")
+    """``path`` if it is None or a module path as ``nn.Module.get_submodule`` takes it (``"model"``,
+    ``"model.backbone"``, ``"model.layers.0"``: names and indices), else a ValueError."""
+    if path is not None and (not isinstance(path, str)
+                             or not all(p.isidentifier() or p.isdigit() for p in path.split("."))):
+        raise ValueError(f"`{call}(submodule={path!r})` must be None or a module path of the "
+                         "LightningModule such as 'model', 'model.backbone' or 'model.layers.0'.")
     return path
 
 

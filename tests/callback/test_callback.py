@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
@@ -358,16 +358,25 @@ def test_bad_arguments_raise_before_training(kwargs: dict[str, Any], match: str)
 
 
 class _SubmoduleOnly(TinyNet):
+    """training_step calls two of its layers, not ``self(...)``; the first holds the most parameters."""
+
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
         x, y = batch
-        return torch.nn.functional.mse_loss(self.head(x), y)
+        return torch.nn.functional.mse_loss(self.head(self.blocks[0](x)), y)
 
 
-def test_training_step_without_self_call_warns_and_trains(tmp_path: Path) -> None:
+def test_training_step_calling_one_layer_plans_that_layer(tmp_path: Path) -> None:
     cb = MemPlanCallback(0.5, backend="aot_eager")
-    with pytest.warns(MemPlanWarning, match=r"training_step did not call `self\(...\)`"):
+    trainer = _trainer(tmp_path, cb, epochs=1)
+    trainer.fit(_SubmoduleOnly())
+    assert cb.plan is not None and cb._fit.planned.startswith("`blocks.0` (Block)")
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01
+    # a submodule= naming a module training_step does not call: nothing to plan, and it says so
+    cb = MemPlanCallback(0.5, backend="aot_eager", submodule="blocks.2")
+    with pytest.warns(MemPlanWarning, match=r"did not call `self\.blocks\.2\(...\)` \(`submodule='blocks\.2'`\)"):
         _trainer(tmp_path, cb, epochs=1).fit(_SubmoduleOnly())
-    assert cb.plan is None and "never called" in cb.fallback_reason
+    assert cb.plan is None and cb.fallback_reason is not None
 
 
 @pytest.mark.parametrize(("precision", "param_bytes"), [("bf16-mixed", 4), ("bf16-true", 2)])
@@ -441,15 +450,48 @@ def test_submodule_plans_what_training_step_calls(tmp_path: Path) -> None:
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert abs(float(row["memplan/prediction_error"])) < 0.01
     assert "forward" not in wrapper.model.__dict__ and "forward" not in wrapper.__dict__  # restored
-    # without it there is nothing to plan: the run goes on uncompiled and the warning says what to pass
+    # without it, the module training_step calls is found and planned alike: the same forecast
+    found = MemPlanCallback(0.5, backend="aot_eager")
+    wrapper = Wrapper()
+    trainer = _trainer(tmp_path, found, epochs=1)
+    trainer.fit(wrapper)
+    assert found.fallback_reason is None and found.plan is not None
+    assert found.plan.predicted_peak_bytes == cb.plan.predicted_peak_bytes
+    assert found._fit.planned.startswith("`model` (TinyNet): the first module")
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01
+    assert not any("forward" in m.__dict__ for m in wrapper.modules())  # every watch and patch removed
+
+
+class _NothingTrainableCalled(LightningModule):
+    """training_step reads a bare parameter and calls only a module without parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32, 1))
+        self.criterion = torch.nn.MSELoss()
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return self.criterion(x @ self.w, y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return TinyNet().train_dataloader()
+
+
+def test_a_step_that_calls_no_trainable_module_says_what_it_called(tmp_path: Path) -> None:
     cb = MemPlanCallback(0.5, backend="aot_eager")
-    with pytest.warns(MemPlanWarning, match=r'pass `submodule="model"`'):
-        _trainer(tmp_path, cb, epochs=1).fit(Wrapper())
-    assert cb.fallback_reason is not None and "never called" in cb.fallback_reason
+    with pytest.warns(MemPlanWarning, match=r"neither `self\(...\)` nor a module with trainable parameters in the "
+                      r"first batch \(it called 'criterion' \(MSELoss, no trainable parameters\)\).*uncompiled"):
+        _trainer(tmp_path, cb, epochs=1).fit(_NothingTrainableCalled())
+    assert cb.plan is None and cb.fallback_reason is not None
 
 
 def test_bad_submodule_is_refused_before_training() -> None:
-    with pytest.raises(ValueError, match=r"`MemPlanCallback\(submodule='model\.\.x'\)` must be None or an attribute path"):
+    with pytest.raises(ValueError, match=r"`MemPlanCallback\(submodule=.model\.\.x.\)` must be None or a module path"):
         MemPlanCallback(submodule="model..x")
     wrapper = Wrapper()
     trainer = Trainer(max_epochs=1, callbacks=[MemPlanCallback(0.5, submodule="net")], logger=False,
