@@ -26,12 +26,12 @@ LANES = {
     "simulate/": "unit", "report/": "unit", "checkpointing/": "unit", "docs/": "unit",
     "forecast/": "compile", "arena/": "compile", "forecast/test_cuda_allocator.py": "unit",
     "forecast/test_allocations.py": "unit", "forecast/test_torch_surface.py": "unit",
-    "callback/": "fit", "examples/": "fit", "callback/test_ddp.py": "slow",
+    "callback/": "fit", "examples/": "fit", "callback/test_ddp.py": "slow", "zoo/": "slow",
     "forecast/test_fsdp_memory.py": "compile",
 }
 LANE_NAMES = ("unit", "compile", "fit", "slow")
 LANE_WHAT = {"unit": "pure libraries and Trainer-free parts, no compile", "compile": "forecasts on real graphs",
-             "fit": "real Lightning Trainers", "slow": "several gloo processes"}
+             "fit": "real Lightning Trainers", "slow": "several gloo processes, third-party models"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

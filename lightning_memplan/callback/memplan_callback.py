@@ -100,9 +100,12 @@ class MemPlanCallback(Callback):
             graph of its own, and the planned graph keeps serving the planned size (see
             :mod:`.compile_watch`; ``recompiles`` lists the graphs compiled after the planned one).
         verbose: print the plan table at fit start and a line per epoch (rank zero).
-        submodule: attribute path of the submodule to plan and compile (e.g. ``"model"`` when
-            ``training_step`` calls ``self.model(x)``, or ``"model.backbone"``); default: the
-            LightningModule itself (``training_step`` calls ``self(x)``). Checked at fit start.
+        submodule: module path of the submodule to plan and compile (``"model"``,
+            ``"model.backbone"``, ``"model.layers.0"``); checked at fit start. Default: found on the
+            first batch: the LightningModule itself when ``training_step`` calls ``self(...)``, else
+            the first module with trainable parameters it calls (``self.model(**batch)``: ``model``;
+            the plan table names it, and a line after the first batch names the modules it also
+            called outside it, a warning when one of them is larger).
         forecast_new_shapes: when a training batch has other input shapes than the planned one
             (inputs of varying length, a smaller last batch) and dynamo compiled a graph of its own
             for them with the plan, forecast a step at those shapes too, after the batch: one more
