@@ -306,8 +306,12 @@ class MemPlanCallback(Callback):
         fit = self._fit
         if not (fit.view.training() and torch.is_grad_enabled()):
             return None
+        try:
+            module = resolve_submodule(pl_module, call.path, "MemPlanCallback")
+        except ValueError:  # a path get_submodule does not take: it runs as written
+            return None
         fit.patch.detach()
-        self._attach(pl_module, resolve_submodule(pl_module, call.path, "MemPlanCallback"))
+        self._attach(pl_module, module)
         fit.planned = (f"`{call.path}` ({call.kind}): the first module with trainable parameters training_step "
                        "called")
         assert fit.plans is not None and fit.patch.module is not None
