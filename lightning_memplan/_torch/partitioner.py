@@ -30,6 +30,7 @@ __all__ = [
     "node_inputs_of",
     "opaque_handles_patch",
     "probe_partitioner",
+    "random_ops_saved",
     "select_decomp_table",
     "size_of_node",
     "torch_knapsack_solvers",
@@ -132,6 +133,41 @@ def probe_partitioner(
     finally:
         mod.solve_min_cut = orig_min_cut
         mod.choose_saved_values_set = orig_choose
+
+
+@contextlib.contextmanager
+def random_ops_saved() -> Iterator[None]:
+    """Within the block, the partitioner never recomputes an op that draws random numbers.
+
+    torch's min-cut bans recomputing its ``random_ops``, but under an activation memory budget
+    below 1 its knapsack takes every banned node as a candidate to recompute after all, except
+    those tagged ``MUST_SAVE`` (``partitioners.choose_saved_values_set``); and dropout decomposed
+    (for inductor, ``aot_eager_decomp_partition``) is ``aten.rand``, not in that list at all. A
+    recomputed ``aten.rand`` draws *new* numbers in the backward where random ops are not
+    functionalized (the CPU): the backward uses another dropout mask than the forward did, and the
+    generator ends one forward's draws further on (the next step's masks change). Here every node
+    of the joint graph whose op is tagged ``torch.Tag.nondeterministic_seeded`` and carries no
+    recompute tag of its own (``torch.utils.checkpoint`` sets those) is tagged ``MUST_SAVE`` before
+    the saved set is chosen. ``partitioners.choose_saved_values_set`` (looked up at call time) is
+    replaced for the block and restored on exit."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    mod = importlib.import_module("torch._functorch.partitioners")
+    orig = require("torch._functorch.partitioners", "choose_saved_values_set")
+    seeded = torch.Tag.nondeterministic_seeded
+
+    def choose_saved_values_set(joint_graph: Any, node_info: Any, memory_budget: float = 1, **kw: Any) -> Any:
+        for node in joint_graph.nodes:
+            if (node.op == "call_function" and "recompute" not in node.meta
+                    and seeded in getattr(node.target, "tags", ())):
+                node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        return orig(joint_graph, node_info, memory_budget, **kw)
+
+    mod.choose_saved_values_set = choose_saved_values_set
+    try:
+        yield
+    finally:
+        mod.choose_saved_values_set = orig
 
 
 def node_inputs_of(node_info: Any) -> list[torch.fx.Node]:

@@ -50,6 +50,7 @@ from lightning_memplan._torch.partitioner import (
     node_inputs_of,
     opaque_handles_patch,
     probe_partitioner,
+    random_ops_saved,
     select_decomp_table,
 )
 from lightning_memplan._torch.storages import held_tensors, storage_key, storage_weakref
@@ -216,6 +217,7 @@ class MemplanBackend:
                                               activation_memory_budget_solver=self._solver,
                                               **opaque_handles_patch()))
             stack.enter_context(force_disable_caches_patch())
+            stack.enter_context(random_ops_saved())  # a recomputed dropout would draw another mask
             stack.enter_context(self._probes(region))
             try:
                 if self.inner == "inductor":

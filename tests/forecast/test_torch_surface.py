@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH_DIR = ROOT / "lightning_memplan" / "_torch"
@@ -120,3 +121,39 @@ def test_tree_leaves_traces_into_one_graph() -> None:
     compiled = torch.compile(loss, backend="eager", fullgraph=True)  # a graph break raises
     x = torch.randn(4)
     assert torch.allclose(compiled(x), loss(x))
+
+
+def test_random_ops_are_never_recomputed_under_a_budget() -> None:
+    """Dropout decomposed is ``aten.rand``; under a budget below 1 torch's knapsack recomputes it in the
+    backward (new numbers: another mask). Within ``random_ops_saved`` the backward draws nothing, and
+    the compiled step's gradients are those of the same step run eagerly with the same seed."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    from lightning_memplan._torch.partitioner import random_ops_saved
+
+    drawn: dict[str, int] = {}
+
+    def counting(tag: str):  # type: ignore[no-untyped-def]
+        def compiler(gm, example_inputs):  # type: ignore[no-untyped-def]
+            drawn[tag] = sum(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
+                             for n in gm.graph.nodes if n.op == "call_function")
+            return gm
+        return compiler
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.3),
+                              torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Dropout(0.3), torch.nn.Linear(256, 1))
+    x = torch.randn(32, 64)
+    backend = aot_autograd(fw_compiler=counting("fw"), bw_compiler=counting("bw"),
+                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    with torch._functorch.config.patch(activation_memory_budget=0.05), random_ops_saved():
+        torch.manual_seed(1)
+        torch.compile(net, backend=backend, dynamic=False)(x).sum().backward()
+    assert drawn["fw"] >= 2 and drawn["bw"] == 0
+    compiled = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    torch.compile(net, backend="aot_eager_decomp_partition", dynamic=False)(x).sum().backward()  # budget 1: saved
+    assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(compiled, net.parameters()))
