@@ -79,6 +79,11 @@ class EagerLoss:
     #: backward a tensor of zeros for each (``torch.autograd.Function`` materializes the missing
     #: gradients), as large as the output, live from the backward's start as its incoming gradient.
     zero_grad_bytes: int = 0
+    #: The bytes of each of those outputs (they sum to ``zero_grad_bytes``; empty: not known apart).
+    zero_grad_sizes: tuple[int, ...] = ()
+    #: The bytes of each of the outputs' gradients the loss's backward ends with (they sum to
+    #: ``output_grad_bytes``; empty: not known apart).
+    output_grad_sizes: tuple[int, ...] = ()
 
 
 def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
@@ -103,7 +108,9 @@ def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
         kept_bytes=s(loss.kept_bytes), backward_peak_bytes=s(loss.backward_peak_bytes),
         output_grad_bytes=s(loss.output_grad_bytes), forward_peak_bytes=s(loss.forward_peak_bytes),
         inner_outputs=tuple((k, s(n)) for k, n in loss.inner_outputs), held_inner_bytes=s(loss.held_inner_bytes),
-        param_grad_bytes=loss.param_grad_bytes, zero_grad_bytes=s(loss.zero_grad_bytes))
+        param_grad_bytes=loss.param_grad_bytes, zero_grad_bytes=s(loss.zero_grad_bytes),
+        zero_grad_sizes=tuple(s(n) for n in loss.zero_grad_sizes),
+        output_grad_sizes=tuple(s(n) for n in loss.output_grad_sizes))
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:
@@ -337,6 +344,19 @@ def parameters_reached(loss: torch.Tensor, stop_at: Iterable[GradientEdge] = ())
             if k not in stops and isinstance(v, torch.Tensor)}
 
 
+def _saved_keys(edges: Sequence[GradientEdge]) -> set[int]:
+    """Storage keys of the tensors the nodes of ``edges`` saved for their backward (a compiled
+    region's ``CompiledFunctionBackward`` is its ``ctx``: ``saved_tensors``); none where unreadable."""
+    keys: set[int] = set()
+    for node in {id(e.node): e.node for e in edges}.values():
+        try:
+            saved = node.saved_tensors
+        except Exception:  # noqa: BLE001 - freed, or not a custom Function's node
+            continue
+        keys.update(storage_key(t) for t in saved if isinstance(t, torch.Tensor))
+    return keys
+
+
 def _inner_edges(calls: Sequence[CallOutputs]) -> set[tuple[int, int]]:
     """``(node id, output_nr)`` of the output edges that another output is computed from: walking
     down from every output's node, the output edges met in ``next_functions``."""
@@ -390,7 +410,11 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
     # per call: output storages a later compiled region takes as its input (in the forecast already)
     held = [{k: b for e, k, b in zip(c.edges, c.edge_keys, c.edge_bytes) if (id(e.node), e.output_nr) in inner}
             for c in calls]
-    excluded = {storage_key(t) for t in exclude}.union(
+    # per call: outputs its compiled region also saved for its backward (a KV cache's keys and
+    # values): saved activations in the forecast already, not outputs to count again
+    saved_out = [{k: b for k, b in zip(c.edge_keys, c.edge_bytes) if k in _saved_keys(c.edges) and k not in h}
+                 for c, h in zip(calls, held)]
+    excluded = {storage_key(t) for t in exclude}.union(*(s.keys() for s in saved_out)).union(
         *({k for k in h if k in c.live_outputs} for h, c in zip(held, calls)))
     last = len(calls) - 1
     planned = {id(p) for p in forecast_params}
@@ -418,24 +442,27 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
         outputs_kept = sum(b for s, b in mine.items() if s in call.live_outputs)
         edges = [e for e in call.edges if id(e.node) in nodes]
         # outputs of a region whose backward runs that get no gradient: autograd passes zeros
-        zeros = sum({k: b for e, k, b in zip(call.edges, call.edge_keys, call.edge_bytes)
-                     if id(e.node) in nodes and (id(e.node), e.output_nr) not in sent
-                     and (id(e.node), e.output_nr) not in inner}.values())
+        zeros = {k: b for e, k, b in zip(call.edges, call.edge_keys, call.edge_bytes)
+                 if id(e.node) in nodes and (id(e.node), e.output_nr) not in sent
+                 and (id(e.node), e.output_nr) not in inner}
         grad_bytes = peak = 0
+        grad_sizes: tuple[int, ...] = ()
         if edges:
             with PeakWindow(device) as window:
                 grads = torch.autograd.grad(loss, edges, retain_graph=True, allow_unused=True)
-            grad_bytes = sum({storage_key(g): int(g.untyped_storage().nbytes()) for g in grads
-                              if g is not None}.values())
+            sizes = {storage_key(g): int(g.untyped_storage().nbytes()) for g in grads if g is not None}
+            grad_bytes = sum(sizes.values())
+            grad_sizes = tuple(sizes.values())
             peak = int(window.peak_bytes)
             del grads
-        out.append(EagerLoss(outputs_bytes=int(call.outputs_bytes) - sum(held[c].values()),
+        out.append(EagerLoss(outputs_bytes=int(call.outputs_bytes) - sum(held[c].values()) - sum(saved_out[c].values()),
                              outputs_kept_bytes=int(outputs_kept),
                              kept_bytes=int(sum(mine.values()) - outputs_kept),
                              backward_peak_bytes=max(peak, grad_bytes), output_grad_bytes=grad_bytes,
                              forward_peak_bytes=int(call.forward_peak_bytes),
                              inner_outputs=tuple(sorted(held[c].items())), param_grad_bytes=param_grads[c],
-                             zero_grad_bytes=int(zeros)))
+                             zero_grad_bytes=int(sum(zeros.values())), zero_grad_sizes=tuple(zeros.values()),
+                             output_grad_sizes=grad_sizes))
     return tuple(out)
 
 

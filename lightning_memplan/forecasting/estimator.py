@@ -363,6 +363,32 @@ class RegionMemory:
     #: Names of the backward's nodes that read a saved activation input's storage (views
     #: included): after the last of them the backward holds none of its activation inputs.
     activation_input_readers: frozenset[str] = frozenset()
+    #: ``(bytes, reader names)`` of each view of an incoming gradient as large as a tensor (the
+    #: stand-in loss's scalar gradient expanded to one output's shape), with the nodes that read
+    #: that view other than views of it: where the real gradient of that output is read.
+    tangent_views: tuple[tuple[int, frozenset[str]], ...] = ()
+
+
+def _tangent_views(graph: fx.Graph, storages: GraphStorages, tangent_keys: Collection[int]) -> tuple[
+        tuple[int, frozenset[str]], ...]:
+    """For each node of ``graph`` that is a view of an incoming gradient (its storage is a
+    tangent's) and as large as a tensor of its shape: ``(bytes of that shape, names of its users
+    that are not such views)``. A stand-in loss ``sum(o.sum() for o in outputs)`` has one per
+    output, expanded from its scalar gradient; the users are where that output's gradient is read."""
+    keys = set(tangent_keys)
+    views: list[tuple[int, frozenset[str]]] = []
+    for node in graph.nodes:
+        if node.op == "placeholder" or not keys & set(storages.produced.get(node.name, ())):
+            continue
+        vals = list(_tensors(_node_value(node)))
+        if len(vals) != 1:
+            continue
+        nbytes = concrete_int(vals[0].numel()) * vals[0].element_size()
+        users = frozenset(u.name for u in node.users
+                          if u.op != "output" and not keys & set(storages.produced.get(u.name, ())))
+        if nbytes and users:
+            views.append((nbytes, users))
+    return tuple(views)
 
 
 def profile_region(
@@ -445,6 +471,7 @@ def profile_region(
         matched_by="storage" if shared else "name",
         tangent_keys=frozenset(tangent_keys),
         tangent_readers=frozenset(n for k in tangent_keys for n in bws.readers.get(k, ()) if n != "output"),
+        tangent_views=_tangent_views(bw_graph, bws, tangent_keys),
         saves_activation_inputs=saves_acts,
         activation_input_readers=act_readers,
     )

@@ -94,6 +94,7 @@ def lay_out(
     accumulate: Sequence[int] = (), inputs: Sequence[int] = (),
     overlay: Mapping[Point, Sequence[FsdpEvent]] | None = None,
     bw_hold: Mapping[int, int] | None = None,
+    bw_views: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     early: Mapping[int, Mapping[int, int]] | None = None,
 ) -> tuple[list[TimelineStep], int, AtPeak]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
@@ -129,6 +130,8 @@ def lay_out(
     ``bw_hold[j]``: bytes live from the start of position ``j``'s backward until its last read of
     its incoming gradient (``tangent_last_use``; unknown: the whole backward), then freed: an
     eager loss's gradients of the outputs, handed to that backward instead of its own tangents.
+    ``bw_views[j]``: ``(bytes, step)`` live from the start of position ``j``'s backward through
+    ``step`` of its timeline: zero gradients of outputs, each until its own last read.
     ``early[j]``: ``{i: bytes}`` of position ``i``'s outputs that position ``j``'s backward held
     last (an activation input it saved; watched on a run of the compiled step): they die after its last
     read of its activation inputs (``input_last_use``; unknown: its end) instead of when position
@@ -194,13 +197,15 @@ def lay_out(
                 for i, n in (early or {}).get(pos, {}).items() if i < pos and not dropped[i] and i not in ends}
         cut = sum(cuts.values())
         at = len(p.bw_timeline) - 1 if p.input_last_use is None else p.input_last_use
-        steps = [b + (held if k <= upto else 0) - (cut if k > at else 0) for k, b in enumerate(p.bw_timeline)]
+        views = (bw_views or {}).get(pos, ())
+        steps = [b + (held if k <= upto else 0) + sum(n for n, until in views if k <= until)
+                 - (cut if k > at else 0) for k, b in enumerate(p.bw_timeline)]
         for node, b in zip(p.bw_nodes, steps):
             timeline.append(TimelineStep(phase="backward", region=p.index, node=node, bytes=start + b))
         if not cut:
             best.see(start + p.bw_peak, gradients=grads + p.bw_grads_at_peak, fsdp=fsdp)
-            if held:
-                best.see(start + held + max(p.bw_timeline[: upto + 1]), gradients=grads, fsdp=fsdp)
+            if held or views:
+                best.see(start + max(steps), gradients=grads, fsdp=fsdp)
         else:
             best.see(start + max(steps), gradients=grads + min(p.bw_grads_at_peak, max(steps)), fsdp=fsdp)
         for i, n in cuts.items():
@@ -225,6 +230,38 @@ def lay_out(
         best.see(top, gradients=grads, fsdp=fsdp, temporaries=opt.step_peak_bytes)
         timeline.append(TimelineStep(phase="optimizer", region=-1, node="zero_grad", bytes=offset - grads))
     return timeline, best.peak, best.at_peak
+
+
+def incoming_gradient_lifetimes(views: Sequence[tuple[int, Sequence[int]]],
+                                loss: EagerLoss) -> tuple[list[tuple[int, int]], int]:
+    """How long the incoming gradients of a region's backward live, from ``loss`` (the eager code
+    on its outputs): the outputs' gradients its backward ends with (``output_grad_sizes``) and the
+    zero gradients autograd makes for the outputs it does not reach (``zero_grad_sizes``).
+
+    Each that has a view of its size among ``views`` (a region plan's ``tangent_views``: the stand-in
+    loss's gradient expanded to an output's shape, with the steps reading it) dies after a reader of
+    that view: the gradients of one size take that size's readers from the last one back (each
+    reader stands for one output; with fewer outputs than readers, the latest). Returns
+    ``([(bytes, step), ...], rest)``: ``rest``, the bytes with no view (or sizes not known apart),
+    lives to the backward's last read of its incoming gradient."""
+    readers: dict[int, list[int]] = {}
+    for nbytes, steps in views:
+        readers.setdefault(nbytes, []).extend(steps)
+    for steps in readers.values():
+        steps.sort()
+    out: list[tuple[int, int]] = []
+    rest = 0
+    for sizes, total in ((loss.output_grad_sizes, loss.output_grad_bytes), (loss.zero_grad_sizes, loss.zero_grad_bytes)):
+        if sum(sizes) != total:
+            rest += total
+            continue
+        for size in sizes:
+            steps = readers.get(size)
+            if steps:
+                out.append((size, steps.pop()))
+            else:
+                rest += size
+    return out, rest
 
 
 def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), losses: Sequence[EagerLoss] = (),
@@ -259,6 +296,7 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
     fresh[0] += made
     events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in first.overlay.items()} if n == 1 else {}
     hold: dict[int, int] = {}
+    views: dict[int, list[tuple[int, int]]] = {}
     for end, loss in zip(ends, losses):
         for point, evs in eager_loss_events(loss, end).items():
             events.setdefault(point, []).extend(evs)
@@ -266,11 +304,14 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
         # realized as a buffer of their size wherever a matmul reads it, until its last read:
         # it already stands in for the real gradients there. In an FX graph it stays a view
         # of the scalar.
-        hold[end] = loss.output_grad_bytes + loss.zero_grad_bytes if seq[end].method == "fx" else 0
+        if seq[end].method != "fx":
+            hold[end] = 0
+            continue
+        views[end], hold[end] = incoming_gradient_lifetimes(seq[end].tangent_views, loss)
     # each call's outputs die where the compiling run's did, in that call's own backwards, unless
     # training_step took hold of one of them (returned it: Lightning keeps it through the backward)
     held = [c < len(losses) and losses[c].held_inner_bytes > 0 for c in range(n)]
     run_early = {starts[c] + j: {starts[c] + i: b for i, b in by.items()}
                  for c in range(n) if not held[c] for j, by in (earlies[c] or {}).items()}
     return lay_out(seq, first.optimizer, ends=frozenset(ends), accumulate=acc, inputs=fresh, overlay=events,
-                   bw_hold=hold, early=run_early)
+                   bw_hold=hold, bw_views=views, early=run_early)

@@ -80,6 +80,11 @@ class RegionPlan:
     #: The step of ``bw_timeline`` that last reads one of the activation inputs the backward saved
     #: (``None`` when unknown or none): earlier regions' outputs it held last die after it.
     input_last_use: int | None = None
+    #: ``(bytes, steps)`` per view of the stand-in loss's gradient as large as an output (FX plans;
+    #: empty: unknown): the steps of ``bw_timeline`` that read it, in order. One view stands for
+    #: every output of its shape (the compiler merges equal expands), each of its readers for one
+    #: of them: a zero gradient autograd hands this backward for such an output dies there.
+    tangent_views: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 def region_memory(region: RegionCapture, every_op: bool) -> RegionMemory:
@@ -176,6 +181,11 @@ def region_plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -
     if readers and bw is not None:
         used = [i for i, name in enumerate(bw.order) if name in readers]
         fx_plan = dataclasses.replace(fx_plan, tangent_last_use=max(used) if used else None)
+    if mem.tangent_views and bw is not None:
+        step = {name: i for i, name in enumerate(bw.order)}
+        views = tuple((b, tuple(sorted(step[u] for u in users if u in step))) for b, users in mem.tangent_views
+                      if any(u in step for u in users))
+        fx_plan = dataclasses.replace(fx_plan, tangent_views=views)
     act_readers = set(mem.activation_input_readers)
     if act_readers and bw is not None:
         used = [i for i, name in enumerate(bw.order) if name in act_readers]

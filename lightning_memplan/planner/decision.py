@@ -93,6 +93,14 @@ def decide_plan(
         plan, forecasts = exc.plan, exc.forecasts
     if kept is not None:
         kept.extend(forecasts)
+    failed = [c for c in plan.candidates if c.note.startswith("forecast failed")]
+    if failed:
+        message = (f"{call}: {len(failed)} of {len(plan.candidates)} candidate plans could not be forecast and were "
+                   f"not considered (first: {failed[0].label}, {failed[0].note[:300]}); the plan is chosen among "
+                   "the others (`plan.candidates` has every note).")
+        warnings.warn(message, PlanWarning, stacklevel=stacklevel)
+        if warned is not None:
+            warned.append(message)
     return _relative_to_module(plan, settings)
 
 

@@ -136,17 +136,15 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], exc: Exception,
+def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], why: str,
                            settings: PlanSettings, call: str) -> tuple[MemPlan, tuple[Forecast | None, ...]]:
-    """``plan``'s checkpointed blocks failed when recomputed (``exc``): the plan chosen again among
-    its candidates without activation checkpointing (those with it marked failed, their kept
-    forecasts dropped so no re-judge picks them). Raises a RuntimeError when there is none (a plan
-    given without candidates)."""
-    why = f"checkpointed blocks failed when recomputed: {first_line(exc)}"
+    """``plan``'s checkpointed blocks cannot be used (``why``): the plan chosen again among its
+    candidates without activation checkpointing (those with it marked failed, their kept forecasts
+    dropped so no re-judge picks them). Raises a RuntimeError when there is none (a plan given
+    without candidates)."""
     if not any(not c.checkpoint and c.peak_bytes is not None for c in plan.candidates):
-        raise RuntimeError(f"{call}: the plan's checkpointed blocks {list(plan.checkpoint)} failed when "
-                           f"recomputed ({first_line(exc)}), and there is no plan without checkpointing to take "
-                           "instead") from exc
+        raise RuntimeError(f"{call}: the plan's checkpointed blocks {list(plan.checkpoint)} cannot be used ({why}), "
+                           "and there is no plan without checkpointing to take instead")
     candidates = [dataclasses.replace(c, peak_bytes=None, note=why) if c.checkpoint else c for c in plan.candidates]
     chosen = choose(candidates, baseline_bytes=plan.baseline_bytes or 0, max_memory=settings.max_memory,
                     solver=plan.solver)
@@ -154,6 +152,20 @@ def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], exc: 
                                  reason=f"{chosen.reason}, among the plans without checkpointing")
     forecasts = tuple(None if c.checkpoint else f for c, f in zip(plan.candidates, kept)) if kept else ()
     return chosen, forecasts
+
+
+def _eager_blocks(module: nn.Module, plan: MemPlan, fc: Forecast | None) -> list[str]:
+    """The checkpointed blocks of ``plan`` none of whose trainable parameters any compiled graph of
+    ``fc`` (its forecast, the blocks really wrapped) reads: dynamo ran them eagerly."""
+    compiled = fc.compiled_parameter_ids if fc is not None else None
+    if not plan.checkpoint or compiled is None or not compiled:
+        return []
+    eager = []
+    for name in plan.checkpoint:
+        params = [id(p) for p in module.get_submodule(name).parameters() if p.requires_grad]
+        if params and not any(i in compiled for i in params):
+            eager.append(name)
+    return eager
 
 
 def _gradless_optimizer_memory(module: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -313,7 +325,11 @@ def plan_step(
                 recompute_trial(module, forward, args, kwargs, sum_outputs)
         except Exception as exc:
             blocks = ", ".join(repr(n) for n in plan.checkpoint)
-            plan, kept = _without_checkpointing(plan, kept, exc, settings, call)
+            why = f"checkpointed blocks failed when recomputed: {first_line(exc)}"
+            try:
+                plan, kept = _without_checkpointing(plan, kept, why, settings, call)
+            except RuntimeError as none:
+                raise none from exc
             issued.append(f"{call}: activation checkpointing of {blocks} failed in a trial step, when recomputed "
                           f"({first_line(exc)}): a block that changes state it is passed (a KV cache it appends "
                           f"to) does not recompute what it computed. Took {plan.candidates[plan.chosen].label} "
@@ -322,15 +338,30 @@ def plan_step(
             forecast_done = False
 
     # 4. forecast the chosen plan on the final backend; 5. what of the forward it does not reach
-    if not forecast_done:
-        with wrap(plan):
+    def forecast_chosen(chosen: MemPlan) -> tuple[MemPlan, Forecast | None]:
+        with wrap(chosen):
             try:
-                plan, fc = forecast_plan(settings, plan, module, forward, args, kwargs, optimizer, loop=loop)
+                return forecast_plan(settings, chosen, module, forward, args, kwargs, optimizer, loop=loop)
             except Exception as exc:
                 if on_failure is None:
                     raise
                 on_failure("forecast", exc)
-                fc = None
+                return chosen, None
+
+    if not forecast_done:
+        plan, fc = forecast_chosen(plan)
+        # 4b. checkpointed blocks dynamo does not compile run eagerly, unplanned and unforecast
+        eager = _eager_blocks(module, plan, fc)
+        if eager and any(not c.checkpoint and c.peak_bytes is not None for c in plan.candidates):
+            plan, kept = _without_checkpointing(plan, kept, f"dynamo runs {', '.join(eager)} eagerly under "
+                                                "checkpointing", settings, call)
+            issued.append(f"{call}: dynamo does not compile {', '.join(repr(n) for n in eager)} under activation "
+                          "checkpointing (torch.utils.checkpoint breaks the graph around a block with side effects, "
+                          "such as a KV cache it appends to): such a block runs eagerly, so the plan does not "
+                          f"reach it and the forecast misses its activations. Took "
+                          f"{plan.candidates[plan.chosen].label} instead ({plan.reason}).")
+            warnings.warn(issued[-1], PlanWarning, stacklevel=2)
+            plan, fc = forecast_chosen(plan)
         for message in uncompiled_warnings(module, fc):
             issued.append(f"{call}: {message}")
             warnings.warn(issued[-1], PlanWarning, stacklevel=3)  # (plan_step's caller's caller)

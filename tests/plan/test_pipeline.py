@@ -184,3 +184,29 @@ def test_a_forecast_without_a_peak_is_not_laid_out_nor_other_calls_forecast(monk
                      step=StepObservation(calls=2, signatures=sigs, others={sigs[1]: ((x2,), {})}),
                      on_failure=lambda stage, exc: failed.append(stage))
     assert failed == [] and then.plan == first.plan and then.forecast is earlier.forecast
+
+
+def test_candidates_that_could_not_be_forecast_are_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One candidate's forecast fails (here: the forecast of budget 0.05 raises): the plan is chosen
+    among the others, and a warning says how many were left out and why."""
+    from lightning_memplan.forecasting import grid, step_forecast
+
+    real = step_forecast.forecast
+
+    def failing(*args: Any, budget: float = 1.0, **kw: Any) -> Any:
+        if budget == 0.05:
+            raise RuntimeError("this budget cannot be forecast")
+        return real(*args, budget=budget, **kw)
+
+    def no_grid(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError("no grid")
+
+    monkeypatch.setattr(step_forecast, "forecast", failing)
+    monkeypatch.setattr(grid, "forecast_grid", no_grid)
+    monkeypatch.setattr(grid, "forecast_sweep", no_grid)
+    model, x, opt = _setup()
+    settings = _settings(budget="auto", candidate_budgets=(1.0, 0.5, 0.05), remat_budgets=())
+    with pytest.warns(PlanWarning, match=r"^plan_step: 1 of 3 candidate plans could not be forecast .*budget 0\.05.*"
+                      r"cannot be forecast"):
+        planned = plan_step(model, settings=settings, args=(x,), optimizer=opt)
+    assert planned.plan.candidates[planned.plan.chosen].budget != 0.05
