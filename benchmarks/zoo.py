@@ -69,11 +69,12 @@ def fit(name: str, way: str, backend: str, plan: str) -> dict[str, Any]:
 class _WithLoss(torch.nn.Module):
     """The zoo model with its loss compiled in, for the plain ``forecast()``."""
 
-    def __init__(self, module: ZooModule) -> None:
+    def __init__(self, module: ZooModule, keys: list[str]) -> None:
         super().__init__()
-        self.m = module
+        self.m, self.keys = module, keys
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, *values: torch.Tensor) -> torch.Tensor:
+        batch = dict(zip(self.keys, values))
         if self.m.task == "demo":
             out = self.m.model(batch["input_ids"], batch["labels"])
             return torch.nn.functional.nll_loss(out, batch["labels"].view(-1))
@@ -87,10 +88,10 @@ def peer(name: str, backend: str, budget: float, checkpoint: tuple[str, ...]) ->
     torch.manual_seed(0)
     module = ZooModule(name, "loss" if ZOO[name][1] != "demo" else "logits")
     batch = next(iter(module.train_dataloader()))
-    wrapped = _WithLoss(module)
+    wrapped = _WithLoss(module, list(batch))
     with warnings.catch_warnings(), checkpointed(wrapped, [f"m.{n}" for n in checkpoint]):
         warnings.simplefilter("ignore")
-        fc = forecast(wrapped, (batch,), budget=budget, backend=backend, loss_fn=lambda loss: loss,
+        fc = forecast(wrapped, tuple(batch.values()), budget=budget, backend=backend, loss_fn=lambda loss: loss,
                       optimizer=torch.optim.AdamW(module.parameters(), lr=1e-3))
     return fc.peak_bytes
 
@@ -118,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for backend in args.backends:
                 for plan in args.plans:
-                    r = fit(name, way, backend, plan)
+                    try:
+                        r = fit(name, way, backend, plan)
+                    except Exception as exc:  # noqa: BLE001 - the row says it failed; the others still run
+                        print(f"{name} | {way} | {backend} | {plan} | failed: {type(exc).__name__}: {exc}", flush=True)
+                        continue
                     peak = None
                     if r["budget"] is not None:
                         try:

@@ -37,7 +37,7 @@ from lightning_memplan.planner.plan_forecast import (
     other_call_forecasts,
     sum_outputs,
 )
-from lightning_memplan.planner.search import choose
+from lightning_memplan.planner.search import PlanDoesNotFit, choose
 from lightning_memplan.planner.settings import PlanSettings
 from lightning_memplan.planner.step_model import (
     TrainingLoop,
@@ -146,8 +146,11 @@ def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], why: 
         raise RuntimeError(f"{call}: the plan's checkpointed blocks {list(plan.checkpoint)} cannot be used ({why}), "
                            "and there is no plan without checkpointing to take instead")
     candidates = [dataclasses.replace(c, peak_bytes=None, note=why) if c.checkpoint else c for c in plan.candidates]
-    chosen = choose(candidates, baseline_bytes=plan.baseline_bytes or 0, max_memory=settings.max_memory,
-                    solver=plan.solver)
+    try:
+        chosen = choose(candidates, baseline_bytes=plan.baseline_bytes or 0, max_memory=settings.max_memory,
+                        solver=plan.solver)
+    except PlanDoesNotFit as exc:  # the smallest of them, as the search takes when nothing fits
+        chosen = exc.plan
     chosen = dataclasses.replace(chosen, backend=plan.backend,
                                  reason=f"{chosen.reason}, among the plans without checkpointing")
     forecasts = tuple(None if c.checkpoint else f for c, f in zip(plan.candidates, kept)) if kept else ()
@@ -209,9 +212,15 @@ def plan_step(
        candidates: their kept forecasts laid out again for the step's calls, eager code and inputs it
        made, and chosen again; nothing is compiled. Not when the step has calls of other shapes (the
        candidates were forecast for the first call's) or nothing to judge by.
+       3b. A plan with checkpointed blocks runs one eager trial step with them wrapped
+       (:func:`~lightning_memplan.planner.checkpointing.recompute_trial`); when a block does not recompute
+       what it computed, the plan is chosen again among those without checkpointing (warned), or, for a
+       plan without candidates, the error propagates.
     4. **Forecast** the chosen plan on ``settings.backend``
        (:func:`~lightning_memplan.planner.plan_forecast.forecast_plan`, its blocks wrapped by ``blocks``).
-       Skipped with ``earlier`` while the re-judge keeps its plan (its forecast stands).
+       Skipped with ``earlier`` while the re-judge keeps its plan (its forecast stands). 4b. A checkpointed
+       block no compiled graph of that forecast reads (dynamo ran it eagerly) drops the checkpointing
+       as in 3b, when there is a plan without it, and the new choice is forecast.
     5. **Warn** (:class:`~lightning_memplan.planner.messages.PlanWarning`, ``f"{call}: ..."``) of what
        of the forward runs uncompiled (:func:`~lightning_memplan.planner.messages.uncompiled_warnings`;
        after a forecast of step 4), and of a step of several backward passes (``step.backwards``).

@@ -75,8 +75,8 @@ def _resnet() -> nn.Module:
 def _convnext() -> nn.Module:
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
-    return ConvNextForImageClassification(ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_labels=CLASSES,
-                                                         image_size=IMAGE))
+    return ConvNextForImageClassification(ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                                                         num_labels=CLASSES, image_size=IMAGE))
 
 
 def _demo_transformer() -> nn.Module:
