@@ -442,11 +442,17 @@ class PlanController:
             return
         self._replanned = True
         new, unseen, fits = replan_candidate(plan, measured, max_memory)
+        if new is None:
+            _warn(f"measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds max_memory "
+                  f"{format_bytes(max_memory)}, and no plan is forecast below the one in force; keeping it. Reduce "
+                  "the batch, allow checkpointing more blocks, or raise max_memory.", 2)
+            return
         if fits:
             expect = (f"forecast {format_bytes(plan.baseline_bytes + (new.peak_bytes or 0) + unseen)}, counting the "
                       f"{format_bytes(unseen)} the forecast did not see (eager code such as the loss)")
         else:
-            expect = "no candidate is forecast to fit; halving the budget"
+            expect = ("no candidate is forecast to fit; the smallest forecast below the plan's" if new.peak_bytes
+                      else "no candidate is forecast to fit; halving the budget")
         _warn(f"measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds max_memory "
               f"{format_bytes(max_memory)}; re-planning once with {new.label} ({expect}), recompiling, and going "
               "on.", 2)

@@ -280,7 +280,7 @@ def rejudge(
     return choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver))
 
 
-def replan_candidate(plan: MemPlan, measured: int, max_memory: int) -> tuple[Candidate, int, bool]:
+def replan_candidate(plan: MemPlan, measured: int, max_memory: int) -> tuple[Candidate | None, int, bool]:
     """The plan to switch to once, when ``plan``'s measured peak exceeds ``max_memory``.
 
     ``measured``: the measured peak of a step, bytes above ``plan.baseline_bytes``. What the forecast
@@ -291,7 +291,10 @@ def replan_candidate(plan: MemPlan, measured: int, max_memory: int) -> tuple[Can
     under-count that part for every plan smaller than the current one, the ones a re-plan picks.)
 
     Returns ``(candidate, unseen, fits)``: the cheapest other candidate that fits (ties: the smaller
-    peak), or, when none does, the current plan at half its budget with ``fits=False``.
+    peak); when none does (``fits=False``), the candidate with the smallest forecast below the current
+    plan's, else the current plan at half its budget, unless that plan was forecast already and not
+    below the current one: then ``None`` (no re-plan; a re-plan never installs a plan forecast above
+    the one it replaces).
     """
     if plan.baseline_bytes is None:
         raise ValueError("replan_candidate: the plan has no baseline_bytes")
@@ -301,8 +304,20 @@ def replan_candidate(plan: MemPlan, measured: int, max_memory: int) -> tuple[Can
             and plan.baseline_bytes + c.peak_bytes + unseen <= max_memory
             and (c.budget, c.checkpoint, c.solver or plan.solver) != current]
     if not fits:
-        return (Candidate(budget=max(0.0, round(plan.budget / 2, 3)), checkpoint=plan.checkpoint,
-                          solver="remat" if plan.solver == "remat" else ""), unseen, False)
+        now = (plan.candidates[plan.chosen].peak_bytes if plan.chosen is not None and plan.chosen < len(plan.candidates)
+               else plan.predicted_peak_bytes)
+        known = [c for c in plan.candidates if c.peak_bytes is not None and c.cost is not None
+                 and (c.budget, c.checkpoint, c.solver or plan.solver) != current]
+        below = [c for c in known if now is not None and c.peak_bytes is not None and c.peak_bytes < now]
+        if below:
+            return min(below, key=lambda c: (c.peak_bytes or 0, c.cost if c.cost is not None else math.inf)), \
+                unseen, False
+        half = Candidate(budget=max(0.0, round(plan.budget / 2, 3)), checkpoint=plan.checkpoint,
+                         solver="remat" if plan.solver == "remat" else "")
+        same = [c for c in known if (c.budget, c.checkpoint, c.solver) == (half.budget, half.checkpoint, half.solver)]
+        if same and now is not None and (same[0].peak_bytes or 0) >= now:
+            return None, unseen, False
+        return half, unseen, False
     return min(fits, key=lambda c: (c.cost if c.cost is not None else math.inf, c.peak_bytes or 0)), unseen, True
 
 

@@ -37,3 +37,17 @@ def test_nothing_fits_halves_the_budget_and_a_low_measurement_adds_nothing() -> 
     assert (new.budget, unseen, fits) == (1.0, 0, True)
     with pytest.raises(ValueError, match="no baseline_bytes"):
         replan_candidate(MemPlan(budget=1.0, solver="dp"), measured=1, max_memory=1)
+
+
+def test_a_replan_never_takes_a_plan_forecast_above_the_one_in_force() -> None:
+    """Nothing fits: a smaller forecast among the candidates is taken before halving; and when the
+    halved plan was forecast already at no less than the plan in force, there is no re-plan (it
+    would only measure higher: budget 0.1 -> 0.05 with blocks checkpointed went from 16.2 to 20.2 MiB)."""
+    plan = _plan(Candidate(budget=1.0, peak_bytes=100, cost=0.0), Candidate(budget=0.5, peak_bytes=80, cost=1.0),
+                 Candidate(budget=0.25, peak_bytes=70, cost=2.0), chosen=1)
+    new, _, fits = replan_candidate(plan, measured=150, max_memory=1_100)
+    assert new is not None and (new.budget, fits) == (0.25, False)
+    plan = _plan(Candidate(budget=0.1, checkpoint=("b",), peak_bytes=80, cost=1.0),
+                 Candidate(budget=0.05, checkpoint=("b",), peak_bytes=95, cost=2.0))
+    new, _, fits = replan_candidate(plan, measured=150, max_memory=1_100)
+    assert (new, fits) == (None, False)
