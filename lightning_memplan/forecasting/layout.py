@@ -131,7 +131,8 @@ def lay_out(
     its incoming gradient (``tangent_last_use``; unknown: the whole backward), then freed: an
     eager loss's gradients of the outputs, handed to that backward instead of its own tangents.
     ``bw_views[j]``: ``(bytes, step)`` live from the start of position ``j``'s backward through
-    ``step`` of its timeline: zero gradients of outputs, each until its own last read.
+    ``step`` of its timeline: incoming gradients of single outputs (those an eager loss hands over,
+    the zeros autograd makes), each until its own last read (:func:`incoming_gradient_lifetimes`).
     ``early[j]``: ``{i: bytes}`` of position ``i``'s outputs that position ``j``'s backward held
     last (an activation input it saved; watched on a run of the compiled step): they die after its last
     read of its activation inputs (``input_last_use``; unknown: its end) instead of when position

@@ -92,3 +92,20 @@ def test_one_call_laid_out_from_its_parts_is_the_plain_layout() -> None:
     parts = StepParts(plans=tuple(reversed(plans)), executions=(0, 1), early={1: {0: 20}})
     assert [p.index for p in run_order(parts.plans, parts.executions)] == [0, 1]
     assert lay_out_calls([parts]) == lay_out(plans, None, early={1: {0: 20}})
+
+
+
+def test_each_incoming_gradient_dies_at_a_reader_of_its_own_view() -> None:
+    """Four cached keys/values of one size share one merged view with four readers, one each; the
+    logits' gradient has a view of its own; a size with no view lives to the last tangent read."""
+    from lightning_memplan.forecasting.eager_loss import EagerLoss
+    from lightning_memplan.forecasting.layout import incoming_gradient_lifetimes
+
+    loss = EagerLoss(outputs_bytes=0, outputs_kept_bytes=0, kept_bytes=0, backward_peak_bytes=0,
+                     output_grad_bytes=300, output_grad_sizes=(300,), zero_grad_bytes=4 * 10 + 7,
+                     zero_grad_sizes=(10, 10, 10, 10, 7))
+    lives, rest = incoming_gradient_lifetimes([(10, (5, 2, 40, 41)), (300, (3,))], loss)
+    assert sorted(lives) == [(10, 2), (10, 5), (10, 40), (10, 41), (300, 3)] and rest == 7
+    unknown = EagerLoss(outputs_bytes=0, outputs_kept_bytes=0, kept_bytes=0, backward_peak_bytes=0,
+                        output_grad_bytes=300, zero_grad_bytes=20)  # sizes not known apart
+    assert incoming_gradient_lifetimes([(10, (5,)), (300, (3,))], unknown) == ([], 320)
