@@ -81,23 +81,19 @@ def held_tensors(tree: Any, *, depth: int = 4) -> list[torch.Tensor]:
     """The tensors ``tree`` holds: its pytree leaves that are tensors, and those held in the
     attributes of its other leaves, objects pytree does not flatten (transformers' ``DynamicCache``
     keeps each layer's keys and values in ``cache.layers[i].keys``), down to ``depth`` objects deep;
-    each tensor once, modules and classes not entered. Eager code only: dynamo does not trace it."""
-    out: dict[int, torch.Tensor] = {}
-    seen: set[int] = set()
+    modules, classes and callables not entered. A tensor reached twice is listed twice. Traceable by
+    dynamo (no ``id``, no sets): a stand-in loss inside a compiled function calls it."""
+    found: list[torch.Tensor] = []
     stack: list[tuple[Any, int]] = [(tree, 0)]
     while stack:
         node, level = stack.pop()
         for leaf in _pytree.tree_leaves(node):
             if isinstance(leaf, torch.Tensor):
-                out.setdefault(id(leaf), leaf)
-                continue
-            if (level >= depth or id(leaf) in seen or isinstance(leaf, (torch.nn.Module, type, str, bytes))
-                    or not hasattr(leaf, "__dict__")):
-                continue
-            seen.add(id(leaf))
-            values = [v for v in vars(leaf).values() if not callable(v) or isinstance(v, torch.Tensor)]
-            stack.append((values, level + 1))
-    return list(out.values())
+                found.append(leaf)
+            elif (level < depth and hasattr(leaf, "__dict__") and not callable(leaf)
+                  and not isinstance(leaf, (torch.nn.Module, type))):
+                stack.append((list(leaf.__dict__.values()), level + 1))
+    return found
 
 
 def concrete_int(value: Any) -> int:

@@ -33,7 +33,7 @@ from lightning_memplan.callback.strategy import decide_on_rank_zero, forward_has
 from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.core.fresh_code import fresh_function
 from lightning_memplan.forecasting.eager_loss import EagerLoss
-from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
+from lightning_memplan.forecasting.optim_memory import OptimizerMemory
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.unit_compile import UnitCompile
 from lightning_memplan.plan import MemPlan
@@ -41,12 +41,18 @@ from lightning_memplan.planner.called_modules import ModuleCall, nothing_to_plan
 from lightning_memplan.planner.checkpointing import checkpointed
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
 from lightning_memplan.planner.messages import PlanWarning
-from lightning_memplan.planner.pipeline import PlannedStep, Stage, StepObservation, plan_step
+from lightning_memplan.planner.pipeline import (
+    PlannedStep,
+    Stage,
+    StepObservation,
+    gradless_optimizer_memory,
+    plan_step,
+)
 from lightning_memplan.planner.plan_forecast import forecast_plan, lay_out_step
 from lightning_memplan.planner.rng import rng_kept
 from lightning_memplan.planner.search import replan_candidate
 from lightning_memplan.planner.settings import plan_solver
-from lightning_memplan.planner.step_model import TrainingLoop, gradless_parameters, live_grad_bytes, step_grad_bytes
+from lightning_memplan.planner.step_model import TrainingLoop, live_grad_bytes, step_grad_bytes
 from lightning_memplan.units import format_bytes
 
 __all__ = ["PlanController"]
@@ -113,13 +119,8 @@ class PlanController:
     def _optimizer_memory(self) -> OptimizerMemory | None:
         """The optimizer's memory without the parameters the step gives no gradient (``None`` when
         every trainable parameter gets one, or there is no optimizer: the forecast's stands)."""
-        optimizer, reached = self._view.optimizer(), self._profile.reached
-        if optimizer is None or not reached:
-            return None
-        gradless = {id(p) for p in gradless_parameters(self._module, reached)}
-        gradless.update(id(p) for g in optimizer.param_groups for p in g["params"]
-                        if isinstance(p, torch.Tensor) and p.requires_grad and id(p) not in reached)
-        return optimizer_memory(optimizer, gradless=gradless) if gradless else None
+        reached = self._profile.reached
+        return gradless_optimizer_memory(self._module, self._view.optimizer(), reached) if reached else None
 
     def may_replan(self) -> bool:
         """Whether the closed loop may still re-plan (it needs the first batch's inputs)."""

@@ -312,10 +312,9 @@ class MemPlanCallback(Callback):
             return None
         fit.patch.detach()
         self._attach(pl_module, module)
-        fit.planned = (f"`{call.path}` ({call.kind}): the first module with trainable parameters training_step "
-                       "called")
         assert fit.plans is not None and fit.patch.module is not None
-        fit.plans.planned = fit.planned
+        fit.plans.planned = (f"`{call.path}` ({call.kind}): the first module with trainable parameters "
+                             "training_step called")
         return fit.patch.module.forward
 
     def _end_watch(self) -> None:

@@ -37,12 +37,15 @@ class FitParts:
     timeline_plotted: bool = False
     #: The first batch's watch of the modules training_step calls (``submodule`` not given).
     calls: CallWatch | None = None
-    #: Which module is planned and why, for the plan table.
-    planned: str = "the LightningModule (`self(...)` in training_step)"
 
     def __post_init__(self) -> None:
         self.watch = RecompileWatch(verbose=self.verbose)
         self.meter = PeakMeter(self.measure_batches)
+
+    @property
+    def planned(self) -> str:
+        """Which module is planned and why (the plan table's first row)."""
+        return self.plans.planned if self.plans is not None else "nothing yet"
 
 
 class PlannedForward:

@@ -27,8 +27,8 @@ import torch
 from torch.autograd.graph import GradientEdge
 
 from lightning_memplan._torch.storages import (
-    local_tensor,
     held_tensors,
+    local_tensor,
     storage_key,
     storage_weakref,
 )
@@ -206,7 +206,7 @@ class NotedOutputs:
 
         from torch.autograd.graph import get_gradient_edge
 
-        leaves = held_tensors(out)
+        leaves = list({id(t): t for t in held_tensors(out)}.values())  # each tensor once
         storages = {storage_key(t): t for t in leaves}
         grad = [t for t in leaves if t.requires_grad]
         return cls(edges=[get_gradient_edge(t) for t in grad],
@@ -412,8 +412,8 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
             for c in calls]
     # per call: outputs its compiled region also saved for its backward (a KV cache's keys and
     # values): saved activations in the forecast already, not outputs to count again
-    saved_out = [{k: b for k, b in zip(c.edge_keys, c.edge_bytes) if k in _saved_keys(c.edges) and k not in h}
-                 for c, h in zip(calls, held)]
+    saved_out = [{k: b for k, b in zip(c.edge_keys, c.edge_bytes) if k in saved and k not in h}
+                 for c, h, saved in zip(calls, held, (_saved_keys(c.edges) for c in calls))]
     excluded = {storage_key(t) for t in exclude}.union(*(s.keys() for s in saved_out)).union(
         *({k for k in h if k in c.live_outputs} for h, c in zip(held, calls)))
     last = len(calls) - 1

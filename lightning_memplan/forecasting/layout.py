@@ -252,7 +252,8 @@ def incoming_gradient_lifetimes(views: Sequence[tuple[int, Sequence[int]]],
         steps.sort()
     out: list[tuple[int, int]] = []
     rest = 0
-    for sizes, total in ((loss.output_grad_sizes, loss.output_grad_bytes), (loss.zero_grad_sizes, loss.zero_grad_bytes)):
+    for sizes, total in ((loss.output_grad_sizes, loss.output_grad_bytes),
+                         (loss.zero_grad_sizes, loss.zero_grad_bytes)):
         if sum(sizes) != total:
             rest += total
             continue

@@ -139,9 +139,11 @@ def nothing_to_plan(submodule: str | None, calls: list[ModuleCall]) -> str:
     parameters (``calls``: the outermost module calls it made)."""
     tail = " so there is no forward to plan and compile; training goes on uncompiled."
     if submodule:
-        return f"training_step did not call `self.{submodule}(...)` (`submodule={submodule!r}`) in the first batch,{tail}"
+        return (f"training_step did not call `self.{submodule}(...)` (`submodule={submodule!r}`) in the first "
+                f"batch,{tail}")
     if not calls:
-        return f"training_step called neither `self(...)` nor any module of the LightningModule in the first batch,{tail}"
+        return (f"training_step called neither `self(...)` nor any module of the LightningModule in the first "
+                f"batch,{tail}")
     called = ", ".join(module_label(c) for c in calls[:4]) + (f" and {len(calls) - 4} more" if len(calls) > 4 else "")
     return (f"training_step called neither `self(...)` nor a module with trainable parameters in the first batch "
             f"(it called {called}),{tail} Pass `submodule=` to name the module to plan.")

@@ -49,7 +49,7 @@ from lightning_memplan.planner.step_model import (
 if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
-__all__ = ["PlannedStep", "Stage", "StepObservation", "plan_step"]
+__all__ = ["PlannedStep", "Stage", "StepObservation", "gradless_optimizer_memory", "plan_step"]
 
 Stage = Literal["rejudge", "forecast", "layout"]
 """A stage of :func:`plan_step` that ``on_failure`` may take the error of."""
@@ -130,10 +130,15 @@ class PlannedStep:
     """The :class:`~lightning_memplan.planner.messages.PlanWarning` messages this call issued, in order."""
 
 
-def first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException) -> str:
     """``TypeName: the first line of the message`` (torch's errors run to pages)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _has_plan_without_checkpointing(plan: MemPlan) -> bool:
+    """Whether one of ``plan``'s candidates, forecast, checkpoints no block."""
+    return any(not c.checkpoint and c.peak_bytes is not None for c in plan.candidates)
 
 
 def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], why: str,
@@ -142,7 +147,7 @@ def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], why: 
     candidates without activation checkpointing (those with it marked failed, their kept forecasts
     dropped so no re-judge picks them). Raises a RuntimeError when there is none (a plan given
     without candidates)."""
-    if not any(not c.checkpoint and c.peak_bytes is not None for c in plan.candidates):
+    if not _has_plan_without_checkpointing(plan):
         raise RuntimeError(f"{call}: the plan's checkpointed blocks {list(plan.checkpoint)} cannot be used ({why}), "
                            "and there is no plan without checkpointing to take instead")
     candidates = [dataclasses.replace(c, peak_bytes=None, note=why) if c.checkpoint else c for c in plan.candidates]
@@ -171,7 +176,7 @@ def _eager_blocks(module: nn.Module, plan: MemPlan, fc: Forecast | None) -> list
     return eager
 
 
-def _gradless_optimizer_memory(module: nn.Module, optimizer: torch.optim.Optimizer | None,
+def gradless_optimizer_memory(module: nn.Module, optimizer: torch.optim.Optimizer | None,
                                reached: Collection[int]) -> OptimizerMemory | None:
     """The optimizer's memory without its parameters not in ``reached`` (they get no gradient, so
     no state: ``module``'s, and those of the LightningModule outside it that the step does not
@@ -300,7 +305,7 @@ def plan_step(
     opt_mem: OptimizerMemory | None = None
     if step is not None and step.reached:
         loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(module, step.reached))
-        opt_mem = _gradless_optimizer_memory(module, optimizer, step.reached)
+        opt_mem = gradless_optimizer_memory(module, optimizer, step.reached)
 
     # 3. re-judge the search's candidates for the step
     if step is not None and plan.candidates:
@@ -334,13 +339,13 @@ def plan_step(
                 recompute_trial(module, forward, args, kwargs, sum_outputs)
         except Exception as exc:
             blocks = ", ".join(repr(n) for n in plan.checkpoint)
-            why = f"checkpointed blocks failed when recomputed: {first_line(exc)}"
+            why = f"checkpointed blocks failed when recomputed: {_first_line(exc)}"
             try:
                 plan, kept = _without_checkpointing(plan, kept, why, settings, call)
             except RuntimeError as none:
                 raise none from exc
             issued.append(f"{call}: activation checkpointing of {blocks} failed in a trial step, when recomputed "
-                          f"({first_line(exc)}): a block that changes state it is passed (a KV cache it appends "
+                          f"({_first_line(exc)}): a block that changes state it is passed (a KV cache it appends "
                           f"to) does not recompute what it computed. Took {plan.candidates[plan.chosen].label} "
                           f"instead ({plan.reason}).")
             warnings.warn(issued[-1], PlanWarning, stacklevel=2)
@@ -361,7 +366,7 @@ def plan_step(
         plan, fc = forecast_chosen(plan)
         # 4b. checkpointed blocks dynamo does not compile run eagerly, unplanned and unforecast
         eager = _eager_blocks(module, plan, fc)
-        if eager and any(not c.checkpoint and c.peak_bytes is not None for c in plan.candidates):
+        if eager and _has_plan_without_checkpointing(plan):
             plan, kept = _without_checkpointing(plan, kept, f"dynamo runs {', '.join(eager)} eagerly under "
                                                 "checkpointing", settings, call)
             issued.append(f"{call}: dynamo does not compile {', '.join(repr(n) for n in eager)} under activation "
@@ -386,7 +391,7 @@ def plan_step(
                 nograd = fc.compiled_gradless_parameter_ids or frozenset()
                 reached = (compiled - nograd) | step.eager_reached
                 loop = dataclasses.replace(loop, gradless_bytes=gradless_bytes(module, reached))
-                opt_mem = _gradless_optimizer_memory(module, optimizer, reached)
+                opt_mem = gradless_optimizer_memory(module, optimizer, reached)
         try:
             # 7. the calls of other input shapes
             laid = fc

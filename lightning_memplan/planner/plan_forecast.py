@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from lightning_memplan._torch.storages import tree_leaves
+from lightning_memplan._torch.storages import held_tensors
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory
 from lightning_memplan.plan import MemPlan
@@ -34,28 +34,11 @@ if TYPE_CHECKING:
 __all__ = ["BoundForward", "forecast_plan", "lay_out_step", "other_call_forecasts", "sum_outputs"]
 
 
-def _output_tensors(out: Any, depth: int = 3) -> list[torch.Tensor]:
-    """The tensors of ``out``: its pytree leaves, and the tensors held in the attributes of leaves
-    pytree does not flatten (a KV cache object), ``depth`` objects deep; traceable by dynamo (no
-    ``id``, no sets)."""
-    found: list[torch.Tensor] = []
-    stack: list[tuple[Any, int]] = [(out, 0)]
-    while stack:
-        node, level = stack.pop()
-        for leaf in tree_leaves(node):
-            if isinstance(leaf, torch.Tensor):
-                found.append(leaf)
-            elif (level < depth and hasattr(leaf, "__dict__") and not callable(leaf)
-                  and not isinstance(leaf, (nn.Module, type))):
-                stack.append((list(leaf.__dict__.values()), level + 1))
-    return found
-
-
 def sum_outputs(out: Any) -> torch.Tensor:
     """Default loss for forecasting: the sum of every floating tensor in the output (those an
     output object holds, such as a KV cache's keys and values, too: each output's gradient then
     has a place in the backward, where the zero gradient autograd hands it is read)."""
-    leaves = [t for t in _output_tensors(out) if t.is_floating_point()]
+    leaves = [t for t in held_tensors(out) if t.is_floating_point()]
     if not leaves:
         raise ValueError("the module's forward returned no floating-point tensor to differentiate")
     total = leaves[0].float().sum()

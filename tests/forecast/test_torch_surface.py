@@ -144,7 +144,8 @@ def test_random_ops_are_never_recomputed_under_a_budget() -> None:
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.3),
-                              torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Dropout(0.3), torch.nn.Linear(256, 1))
+                              torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Dropout(0.3),
+                              torch.nn.Linear(256, 1))
     x = torch.randn(32, 64)
     backend = aot_autograd(fw_compiler=counting("fw"), bw_compiler=counting("bw"),
                            partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
