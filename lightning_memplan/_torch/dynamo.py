@@ -8,11 +8,15 @@ True, a plain ``GraphModule``), never an error; :func:`force_disable_caches_patc
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from lightning_memplan._torch.version import require
+
+_R = TypeVar("_R")
 
 __all__ = [
     "dynamo_allows_rnn",
@@ -20,6 +24,7 @@ __all__ = [
     "isolated_compile_kwargs",
     "lazy_graph_module",
     "recompile_limit",
+    "resuming_nested_graph_breaks",
 ]
 
 
@@ -74,3 +79,32 @@ def force_disable_caches_patch() -> contextlib.AbstractContextManager[Any]:
     """``torch.compiler.config.patch(force_disable_caches=True)`` (scoped; restored on exit)."""
     cfg = require("torch.compiler", "config")
     return cfg.patch(force_disable_caches=True)
+
+
+def resume_nested_graph_breaks() -> contextlib.AbstractContextManager[Any]:
+    """``torch._dynamo.config.patch(nested_graph_breaks=True)`` where torch has it, else a no-op
+    (scoped; restored on exit). Enter it around each *call* of a compiled function: dynamo reads it
+    when it traces a frame, at the first call and at every recompile.
+
+    dynamo does not compile frames of torch's own files on their own (``torch.nn`` modules are only
+    inlined into a caller's frame). Without it a graph break inside one (``nn.Transformer``'s
+    ``.item()`` in ``_detect_is_causal_mask``) bubbles up to the outermost user frame: the whole
+    ``nn.Transformer`` call then runs eagerly, outside every compiled graph, unplanned and unseen
+    by a forecast. With it dynamo resumes tracing in the nested frame after the break, and the
+    layers on both sides of the break are compiled.
+    """
+    config = torch._dynamo.config
+    if not hasattr(config, "nested_graph_breaks"):
+        return contextlib.nullcontext()
+    return config.patch(nested_graph_breaks=True)
+
+
+def resuming_nested_graph_breaks(compiled: Callable[..., _R]) -> Callable[..., _R]:
+    """``compiled`` (a ``torch.compile`` result) called under :func:`resume_nested_graph_breaks`."""
+
+    @functools.wraps(compiled)
+    def call(*args: Any, **kwargs: Any) -> _R:
+        with resume_nested_graph_breaks():
+            return compiled(*args, **kwargs)
+
+    return call

@@ -26,8 +26,9 @@ _KNOWN = {
     ("qwen2", "logits"): "over by 3 of its 4 cached keys and values: counted as outputs live after the forward, "
                          "though the real step holds no more for them (the fourth is found to be a storage the "
                          "compiled region saves, these are not); what they alias is not found yet",
-    ("demo_transformer", "logits"): "dynamo breaks the graph in nn.Transformer (`.item()` in _detect_is_causal_mask): "
-                                    "the layers after the break run eagerly, outside the forecast (warned)",
+    ("demo_transformer", "logits"): "the auto plan checkpoints the last decoder layer of nn.Transformer (budget 0.7): "
+                                    "+3.1%; the plain forecast() of that plan is +0.6% at budget 1.0, +3.0% at 0.7 "
+                                    "(the region after the break, its backward); other layers checkpointed are exact",
 }
 CASES = [pytest.param(name, way, marks=[pytest.mark.xfail(strict=True, raises=AssertionError,
                                                                reason=_KNOWN[(name, way)])]
@@ -66,13 +67,21 @@ def test_zoo_model_is_planned_and_forecast_within_3_percent(tmp_path: Path, name
     assert all(abs(e) < 0.03 for e in errors), (errors, cb.plan, said)
 
 
-def test_a_step_we_cannot_see_whole_is_said(tmp_path: Path) -> None:
-    """Lightning's demo Transformer: dynamo breaks the graph inside nn.Transformer and runs the rest
-    eagerly; the forecast cannot see it, and a warning names the layers it missed."""
+def test_a_graph_break_inside_torch_nn_leaves_no_layer_eager(tmp_path: Path) -> None:
+    """Lightning's demo Transformer: dynamo breaks the graph inside ``nn.Transformer`` (``.item()`` in
+    ``_detect_is_causal_mask``). dynamo does not compile torch.nn's frames on their own, so without
+    resuming in the nested frame the whole encoder-decoder ran eagerly (forecast 87% low, warned);
+    resumed there, every layer is in a compiled graph: nothing is warned and the forecast holds."""
     torch.manual_seed(0)
     cb = MemPlanCallback(0.5, backend="aot_eager")
-    with pytest.warns(UserWarning, match=r"outside every compiled graph.*the forecast misses their activations"):
-        _fit(tmp_path, ZooModule("demo_transformer", "logits"), [cb], epochs=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer = _fit(tmp_path, ZooModule("demo_transformer", "logits"), [cb], epochs=1)
+    assert not [w for w in seen if "outside every compiled graph" in str(w.message)]
+    assert cb.fallback_reason is None
+    assert torch._dynamo.config.nested_graph_breaks is False  # scoped to the compiled calls
+    (error,) = _errors(trainer)
+    assert abs(error) < 0.01, error
 
 
 def test_planning_leaves_the_losses_as_a_plain_compile_gives_them(tmp_path: Path) -> None:
