@@ -81,10 +81,11 @@ def force_disable_caches_patch() -> contextlib.AbstractContextManager[Any]:
     return cfg.patch(force_disable_caches=True)
 
 
-def resume_nested_graph_breaks() -> contextlib.AbstractContextManager[Any]:
-    """``torch._dynamo.config.patch(nested_graph_breaks=True)`` where torch has it, else a no-op
-    (scoped; restored on exit). Enter it around each *call* of a compiled function: dynamo reads it
-    when it traces a frame, at the first call and at every recompile.
+def resuming_nested_graph_breaks(compiled: Callable[..., _R]) -> Callable[..., _R]:
+    """``compiled`` (a ``torch.compile`` result) called under
+    ``torch._dynamo.config.patch(nested_graph_breaks=True)`` (scoped to each call: dynamo reads it
+    when it traces a frame, at the first call and at every recompile); ``compiled`` itself where
+    torch has no such setting.
 
     dynamo does not compile frames of torch's own files on their own (``torch.nn`` modules are only
     inlined into a caller's frame). Without it a graph break inside one (``nn.Transformer``'s
@@ -95,16 +96,11 @@ def resume_nested_graph_breaks() -> contextlib.AbstractContextManager[Any]:
     """
     config = torch._dynamo.config
     if not hasattr(config, "nested_graph_breaks"):
-        return contextlib.nullcontext()
-    return config.patch(nested_graph_breaks=True)
-
-
-def resuming_nested_graph_breaks(compiled: Callable[..., _R]) -> Callable[..., _R]:
-    """``compiled`` (a ``torch.compile`` result) called under :func:`resume_nested_graph_breaks`."""
+        return compiled
 
     @functools.wraps(compiled)
     def call(*args: Any, **kwargs: Any) -> _R:
-        with resume_nested_graph_breaks():
+        with config.patch(nested_graph_breaks=True):
             return compiled(*args, **kwargs)
 
     return call
