@@ -7,12 +7,16 @@
   same peak counted in the bytes the program asked for (``requested_bytes.all``), without rounding:
   the quantity a forecast predicts; the difference is the allocator's rounding at the peak.
 * CPU: ``torch.profiler.profile(activities=[CPU], profile_memory=True)``; the peak of the running sum
-  of the profiler's ``[memory]`` events (allocations positive, frees negative) ordered by time.
+  of the profiler's ``[memory]`` events (allocations positive, frees negative) ordered by time. The
+  profiler records no event for the free of a block allocated before it started: a caller that knows
+  of such frees (the outputs of a call, freed in the eager code after it) adds them
+  (:meth:`PeakWindow.note_free`).
 
 Both report bytes *above what was in use when the window opened* (an int >= 0).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -57,8 +61,20 @@ class PeakWindow:
         self._requested_start = 0
         self._prof: Any = None
         self._start = 0
+        #: ``time.time_ns()`` when the window opened (the clock of the CPU profiler's events).
+        self.opened_ns: int = 0
+        self._frees: list[tuple[int, int]] = []  # (time_ns, -bytes) of frees the profiler cannot see
+
+    def note_free(self, nbytes: int, at_ns: int) -> None:
+        """A block allocated before the window opened was freed inside it: ``nbytes`` at ``at_ns``
+        (``time.time_ns()``, ``>= opened_ns``). The CPU profiler records no event for such a free,
+        so it is merged into the window's events; on CUDA the allocator's statistics see it already
+        and this does nothing. Call it before the window closes."""
+        if self.device.type != "cuda" and nbytes > 0:
+            self._frees.append((int(at_ns), -int(nbytes)))
 
     def __enter__(self) -> PeakWindow:
+        self.opened_ns = time.time_ns()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -85,7 +101,8 @@ class PeakWindow:
         with silence_native_output():  # kineto's USDT stop line
             self._prof.__exit__(exc_type, exc, tb)
         if exc_type is None:
-            self.peak_bytes = running_peak([d for _, d in kineto_memory_events(self._prof)])
+            events = sorted([*kineto_memory_events(self._prof), *self._frees], key=lambda e: e[0])
+            self.peak_bytes = running_peak([d for _, d in events])
             self.requested_peak_bytes = self.peak_bytes
 
 

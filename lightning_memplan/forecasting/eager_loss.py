@@ -19,7 +19,8 @@ measurement, which needs the live autograd graph.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +62,12 @@ class EagerLoss:
     #: Peak of all the eager code from the compiled forward's return to the backward's start (or
     #: to the next call of the forward) above the bytes live at that return: the loss's own
     #: forward, metrics updated on the outputs (a confusion matrix), logging. Its tensors that the
-    #: loss keeps are in ``kept_bytes`` too; the rest is transient. 0 when not measured.
+    #: loss keeps are in ``kept_bytes`` too; the rest is transient. Outputs freed in that code
+    #: (a temporary output object: ``self.model(x).logits``) lower it. 0 when not measured.
     forward_peak_bytes: int = 0
+    #: Whether ``forward_peak_bytes`` was measured; if not, the outputs are taken to live while
+    #: the loss's kept tensors are made (the peak: outputs plus kept).
+    forward_peak_measured: bool = False
     #: ``(storage key, bytes)`` of the outputs a later compiled region computes from (the logits
     #: a loss inside the model is computed on): in the forecast as that region's input, which
     #: dies in its backward. Keys identify storages while they live.
@@ -107,6 +112,7 @@ def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
         outputs_bytes=s(loss.outputs_bytes), outputs_kept_bytes=min(s(loss.outputs_kept_bytes), s(loss.outputs_bytes)),
         kept_bytes=s(loss.kept_bytes), backward_peak_bytes=s(loss.backward_peak_bytes),
         output_grad_bytes=s(loss.output_grad_bytes), forward_peak_bytes=s(loss.forward_peak_bytes),
+        forward_peak_measured=loss.forward_peak_measured,
         inner_outputs=tuple((k, s(n)) for k, n in loss.inner_outputs), held_inner_bytes=s(loss.held_inner_bytes),
         param_grad_bytes=loss.param_grad_bytes, zero_grad_bytes=s(loss.zero_grad_bytes),
         zero_grad_sizes=tuple(s(n) for n in loss.zero_grad_sizes),
@@ -118,8 +124,10 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
     ``("fw" | "bw", position, "before" | "after")``) for ``loss`` around position ``last``, the
     step's last compiled region:
 
-    - after its forward: the outputs and the eager code's peak (``forward_peak_bytes``, at least
-      the loss's kept tensors), then its transients freed, then the outputs that are not kept;
+    - after its forward: the eager code's peak (the outputs plus ``forward_peak_bytes`` when
+      measured, at least the outputs kept plus the loss's kept tensors; else the outputs plus the
+      kept tensors), then down to what lives when the backward starts (the kept tensors and the
+      outputs kept);
     - before its backward: the loss's backward peak (the outputs' gradients it ends with
       included), then all of it but those gradients freed with the kept tensors;
     - after its backward: the kept outputs freed (taken to live through the whole region's backward);
@@ -131,13 +139,14 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
     Category ``"activations"`` but for those gradients. The events sum to ``param_grad_bytes``.
     """
     a = "activations"
-    dropped = loss.outputs_bytes - loss.outputs_kept_bytes
-    transient = max(0, loss.forward_peak_bytes - loss.kept_bytes)
-    forward = [("eager_loss_forward", a, loss.outputs_bytes + loss.kept_bytes + transient)]
-    if transient:
-        forward.append(("eager_forward_transients_freed", a, -transient))
+    left = loss.outputs_kept_bytes + loss.kept_bytes  # live when the backward starts
+    made = loss.forward_peak_bytes if loss.forward_peak_measured else loss.kept_bytes
+    top = max(loss.outputs_bytes + made, left)
+    forward = [("eager_loss_forward", a, top)]
+    if top > left:
+        forward.append(("eager_forward_freed", a, left - top))
     return {
-        ("fw", last, "after"): [*forward, ("eager_outputs_freed", a, -dropped)],
+        ("fw", last, "after"): forward,
         ("bw", last, "before"): [("eager_loss_backward", a, loss.backward_peak_bytes),
                                  ("eager_loss_backward_end", a, -loss.backward_peak_bytes - loss.kept_bytes),
                                  *([("eager_parameter_gradients", "gradients", loss.param_grad_bytes)]
@@ -175,6 +184,8 @@ class CallOutputs:
     alive: Sequence[torch.Tensor] = ()
     #: Measured peak of the eager code after it (:attr:`EagerLoss.forward_peak_bytes`), in bytes.
     forward_peak_bytes: int = 0
+    #: Whether :attr:`forward_peak_bytes` was measured.
+    forward_peak_measured: bool = False
     #: Storage key and bytes of each edge's tensor when the call returned (aligned with ``edges``;
     #: empty: unknown). An output another output is computed from (the logits a loss inside the
     #: model is computed on, after a graph break) is an input of a later compiled region, held in
@@ -198,6 +209,13 @@ class NotedOutputs:
     edge_bytes: list[int] = field(default_factory=list)
     #: :attr:`EagerLoss.forward_peak_bytes` of this call, in bytes.
     forward_peak_bytes: int = 0
+    #: Whether :attr:`forward_peak_bytes` was measured (its window closed).
+    forward_peak_measured: bool = False
+    #: Storage key of each of :attr:`storages` (aligned).
+    storage_keys: list[int] = field(default_factory=list)
+    #: Per storage key, ``time.time_ns()`` when the last of its noted tensors died (a tensor dies
+    #: when nothing refers to it any more: no Python name, view or tensor saved for backward).
+    died: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, out: Any) -> NotedOutputs:
@@ -209,12 +227,24 @@ class NotedOutputs:
         leaves = list({id(t): t for t in held_tensors(out)}.values())  # each tensor once
         storages = {storage_key(t): t for t in leaves}
         grad = [t for t in leaves if t.requires_grad]
+        died: dict[int, int] = {}
+
+        def death(key: int) -> Callable[[Any], None]:
+            return lambda _: died.__setitem__(key, time.time_ns())
+
         return cls(edges=[get_gradient_edge(t) for t in grad],
                    storages=[(storage_weakref(t), int(t.untyped_storage().nbytes()))
                              for t in storages.values()],
-                   refs=[weakref.ref(t) for t in leaves],
+                   refs=[weakref.ref(t, death(storage_key(t))) for t in leaves],
                    edge_keys=[storage_key(t) for t in grad],
-                   edge_bytes=[int(t.untyped_storage().nbytes()) for t in grad])
+                   edge_bytes=[int(t.untyped_storage().nbytes()) for t in grad],
+                   storage_keys=list(storages), died=died)
+
+    def freed_since(self, start_ns: int) -> list[tuple[int, int]]:
+        """``(time_ns, bytes)`` of each output storage freed since ``start_ns`` (``time.time_ns()``):
+        gone now, its last noted tensor dead at or after ``start_ns``; the time is that death."""
+        return [(self.died[k], n) for (ref, n), k in zip(self.storages, self.storage_keys)
+                if ref.expired() and self.died.get(k, -1) >= start_ns]
 
     def now(self) -> CallOutputs:
         """What is left of them now, for :func:`measure_eager_losses`."""
@@ -222,7 +252,8 @@ class NotedOutputs:
                            # storages still allocated (a freed one's key may already be reused)
                            live_outputs={ref.cdata: n for ref, n in self.storages if not ref.expired()},
                            alive=[t for t in (r() for r in self.refs) if t is not None],
-                           forward_peak_bytes=self.forward_peak_bytes, edge_keys=tuple(self.edge_keys),
+                           forward_peak_bytes=self.forward_peak_bytes,
+                           forward_peak_measured=self.forward_peak_measured, edge_keys=tuple(self.edge_keys),
                            edge_bytes=tuple(self.edge_bytes))
 
 
@@ -289,8 +320,12 @@ class EagerCalls:
         window, self._window = self._window, None
         if window is None:
             return
+        note = self.calls[-1]
+        for at, nbytes in note.freed_since(window.opened_ns):  # unseen by the CPU profiler
+            window.note_free(nbytes, at)
         window.__exit__(None, None, None)
-        self.calls[-1].forward_peak_bytes = int(window.peak_bytes)
+        note.forward_peak_bytes = int(window.peak_bytes)
+        note.forward_peak_measured = True
 
     def now(self) -> list[CallOutputs]:
         """What is left of every call's outputs now, for :func:`measure_eager_losses`."""
@@ -460,6 +495,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                              kept_bytes=int(sum(mine.values()) - outputs_kept),
                              backward_peak_bytes=max(peak, grad_bytes), output_grad_bytes=grad_bytes,
                              forward_peak_bytes=int(call.forward_peak_bytes),
+                             forward_peak_measured=call.forward_peak_measured,
                              inner_outputs=tuple(sorted(held[c].items())), param_grad_bytes=param_grads[c],
                              zero_grad_bytes=int(sum(zeros.values())), zero_grad_sizes=tuple(zeros.values()),
                              output_grad_sizes=grad_sizes))

@@ -1,8 +1,10 @@
 """Run by test_ddp.py as a script: 2 CPU processes (gloo) under Lightning's DDP strategy.
 
-Each rank writes what it planned and measured to OUT_DIR/rank{r}.json. ``ddp_script.py OUT_DIR
-varying``: a fixed budget on batches of varying rows, each rank given other shapes by Lightning's
-DistributedSampler.
+Each rank writes what it planned and measured to OUT_DIR/rank{r}.json. By default the
+LightningModule holds the network as ``self.model`` and training_step calls ``self.model(x)``, as
+most Lightning code reads (no ``submodule=``: the callback finds what it calls). ``ddp_script.py
+OUT_DIR varying``: a fixed budget on batches of varying rows, each rank given other shapes by
+Lightning's DistributedSampler.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from lightning.pytorch import Trainer  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
-from models import TinyNet, VaryingRows  # noqa: E402
+from models import TinyNet, VaryingRows, Wrapper  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
 
@@ -29,7 +31,7 @@ def main(out_dir: str, kind: str = "auto") -> None:
     else:
         cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
                              remat_budgets=(0.4,))
-        model = TinyNet(batches=6)
+        model = Wrapper(TinyNet(batches=6))
     trainer = Trainer(
         max_epochs=1, accelerator="cpu", devices=2, strategy="ddp", callbacks=[cb],
         logger=CSVLogger(out_dir), enable_checkpointing=False, enable_model_summary=False,
@@ -40,7 +42,7 @@ def main(out_dir: str, kind: str = "auto") -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "budget": cb.plan.budget if cb.plan else None,
         "candidates": len(cb.plan.candidates) if cb.plan else 0,
-        "fallback": cb.fallback_reason, "measured": cb.measured,
+        "fallback": cb.fallback_reason, "measured": cb.measured, "module": cb._fit.planned,
         "log_dir": trainer.logger.log_dir if rank == 0 else None,
         "planned": cb.plan.predicted_peak_bytes if cb.plan else None,
         "rows": [[sig[0][0][0] if sig else None for sig in epoch] for epoch in cb.measured_shapes],

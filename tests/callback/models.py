@@ -53,9 +53,9 @@ class TinyNet(LightningModule):
 class Wrapper(LightningModule):
     """The common layout: the network is an attribute, and training_step calls ``self.model(x)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: TinyNet | None = None) -> None:
         super().__init__()
-        self.model = TinyNet()
+        self.model = TinyNet() if model is None else model
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

@@ -960,7 +960,7 @@ def test_eager_code_between_the_forward_and_the_backward_is_measured(tmp_path: P
     trainer.fit(WideHeadAccuracy())
     loss = cb.eager_loss
     assert loss is not None and loss.forward_peak_bytes >= 1000**2 * 8 > loss.kept_bytes, loss
-    assert "eager_forward_transients_freed" in {t.node for t in cb.forecast.timeline}
+    assert "eager_forward_freed" in {t.node for t in cb.forecast.timeline}
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert abs(float(row["memplan/prediction_error"])) < 0.03, row
 

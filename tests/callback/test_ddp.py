@@ -26,7 +26,10 @@ def _two_ranks(script: str, tmp_path: Path, timeout: int, *args: str) -> list[di
 
 
 def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
+    """training_step calls ``self.model(x)`` and no ``submodule=`` is given: under DDP (the
+    LightningModule wrapped in DistributedDataParallel) both ranks find and plan ``model``."""
     ranks = _two_ranks("ddp_script.py", tmp_path, timeout=600)
+    assert all(r["module"].startswith("`model` (TinyNet): the first module") for r in ranks), ranks
     # rank 0 searched; rank 1 received the same plan, candidates included
     assert ranks[0]["candidates"] == ranks[1]["candidates"] == 3  # two budgets and one remat plan
     assert all(r["measured"] and r["measured"][0] for r in ranks)

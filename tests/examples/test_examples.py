@@ -106,3 +106,32 @@ def test_callback_is_configured_from_the_yaml() -> None:
     assert s.candidate_budgets == tuple(init["candidate_budgets"])
     assert cb._measure_batches == init["measure_batches"]
     assert s.solver == "greedy"  # the command line overrides the file
+
+
+def test_a_cli_fit_plans_the_module_training_step_calls(tmp_path: Path) -> None:
+    """LightningCLI builds the Trainer and the callback (its default arguments but the CPU backend)
+    from its configuration; the LightningModule holds its network as ``self.model`` and training_step
+    calls ``self.model(x)``, no ``submodule=`` given: the callback finds that module on the first
+    batch and plans it, as it does without the CLI."""
+    pytest.importorskip("jsonargparse", reason="LightningCLI needs jsonargparse[signatures]")
+    from lightning.pytorch.cli import LightningCLI
+
+    from lightning_memplan import MemPlanCallback
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "callback"))
+    try:
+        from models import Wrapper
+    finally:
+        sys.path.pop(0)
+    config = {"trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "logger": False,
+                          "enable_checkpointing": False, "enable_progress_bar": False,
+                          "enable_model_summary": False, "default_root_dir": str(tmp_path),
+                          "callbacks": [{"class_path": "lightning_memplan.MemPlanCallback",
+                                         "init_args": {"backend": "aot_eager"}}]}}
+    cli = LightningCLI(Wrapper, args=config, run=False, save_config_callback=None)
+    [cb] = [c for c in cli.trainer.callbacks if isinstance(c, MemPlanCallback)]
+    cli.trainer.fit(cli.model)
+    assert cb.fallback_reason is None and cb.plan is not None and cb.plan.predicted_peak_bytes
+    assert cb._fit.planned.startswith("`model` (TinyNet): the first module"), cb._fit.planned
+    [measured] = cb.measured
+    assert measured and all(abs(cb.plan.predicted_peak_bytes - m) / m < 0.03 for m in measured), (cb.plan, measured)

@@ -37,6 +37,26 @@ def test_window_context_manager() -> None:
     assert w.requested_peak_bytes == 256  # the CPU profiler counts requested bytes already
 
 
+def test_a_free_of_a_block_made_before_the_window_is_merged_in_on_cpu() -> None:
+    """The CPU profiler records no event for freeing a block allocated before it started: a
+    window over "free 4 MB made earlier, then make 2 MB" peaks at 2 MB unless that free is noted."""
+    import time
+
+    def work(note: bool) -> int:
+        early = torch.ones(1024 * 1024)  # 4 MB, before the window
+        with PeakWindow("cpu") as w:
+            del early
+            freed = time.time_ns()
+            late = torch.ones(512 * 1024)  # 2 MB
+            if note:
+                w.note_free(4 * 1024 * 1024, freed)
+        del late
+        return w.peak_bytes
+
+    assert work(note=False) >= 2 * 1024 * 1024
+    assert work(note=True) < 1024 * 1024
+
+
 @pytest.mark.parametrize("device", ["tpu", 3.5])
 def test_bad_device(device: object) -> None:
     with pytest.raises(ValueError, match=r"measure_peak\(device=.*\)` is not (a device|supported)\. Expected 'cpu' or 'cuda'"):

@@ -23,9 +23,6 @@ _ONE_WAY = {"llama": "loss", "qwen2": "logits", "gpt2": "self", "bert_cls": "los
             "convnext": "self", "demo_transformer": "logits"}
 #: Misses not fixed yet, each with its mechanism; strict: a fix makes the test fail until this is updated.
 _KNOWN = {
-    ("qwen2", "logits"): "over by 3 of its 4 cached keys and values: counted as outputs live after the forward, "
-                         "though the real step holds no more for them (the fourth is found to be a storage the "
-                         "compiled region saves, these are not); what they alias is not found yet",
     ("demo_transformer", "logits"): "the auto plan checkpoints the last decoder layer of nn.Transformer (budget 0.7): "
                                     "+3.1%; the plain forecast() of that plan is +0.6% at budget 1.0, +3.0% at 0.7 "
                                     "(the region after the break, its backward); other layers checkpointed are exact",
