@@ -14,11 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lightning.pytorch import Trainer  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from lightning.pytorch import LightningModule, Trainer  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from models import WideHead  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
@@ -46,13 +49,42 @@ class ShardedNet(WideHead):
         fully_shard(self, mesh=mesh)
 
 
+class ShardedChild(LightningModule):
+    """The common layout under FSDP2: the network (ShardedNet's blocks and head, as a plain module)
+    is ``self.model``, training_step calls ``self.model(x)``; its blocks, the network and the
+    LightningModule are FSDP2 units."""
+
+    def __init__(self, batches: int) -> None:
+        super().__init__()
+        net = ShardedNet(batches=batches)
+        self.model = nn.Sequential(*net.blocks, net.head)
+        self._data, self._classes = net.train_dataloader, net._classes
+
+    def configure_model(self) -> None:
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.model[:-1]:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+        fully_shard(self, mesh=mesh)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.model(x), (y[:, 0].abs() * 997).long() % self._classes)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._data()
+
+
 def _logged(trainer: Trainer, key: str) -> list[str]:
     """Every value of ``key`` in the CSV logger's metrics."""
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
         return [row[key] for row in csv.DictReader(f) if row.get(key)]
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, kind: str = "self") -> None:
     cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
                          remat_budgets=(0.4,), measure_batches=5)
     trainer = Trainer(
@@ -61,7 +93,7 @@ def main(out_dir: str) -> None:
         logger=CSVLogger(out_dir), enable_checkpointing=False, enable_model_summary=False,
         enable_progress_bar=False,
     )
-    model = ShardedNet(batches=12)  # 6 batches per rank: 3 or 4 measured windows (a re-plan drops one)
+    model = ShardedNet(batches=12) if kind == "self" else ShardedChild(batches=12)  # 6 batches per rank: 3 or 4 measured windows (a re-plan drops one)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", MemPlanWarning)
         trainer.fit(model)
@@ -73,7 +105,7 @@ def main(out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "budget": plan.budget if plan else None,
         "candidates": len(plan.candidates) if plan else 0,
-        "fallback": cb.fallback_reason, "measured": cb.measured,
+        "fallback": cb.fallback_reason, "measured": cb.measured, "module": cb._fit.planned,
         "eager_losses": [dataclasses.asdict(m) for m in cb.eager_losses],
         "predicted": plan.predicted_peak_bytes if plan else None,
         "parameters": plan.breakdown.get("parameters") if plan else None,
@@ -86,4 +118,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

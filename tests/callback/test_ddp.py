@@ -100,6 +100,20 @@ def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path:
     assert all(predicted - 0.5 * unit <= p <= predicted + 4.2 * unit for p in peaks), (predicted, unit, peaks)
 
 
+def test_fsdp2_plans_the_module_training_step_calls(tmp_path: Path) -> None:
+    """FSDP2 in the common layout: the network is ``self.model`` (its blocks, itself and the
+    LightningModule FSDP2 units), training_step calls ``self.model(x)``, no ``submodule=``: both
+    ranks find that module on the first batch, plan it and forecast its step."""
+    ranks = _two_ranks("fsdp_script.py", tmp_path, 300, "child")
+    assert all(r["module"].startswith("`model` (FSDPSequential): the first module") for r in ranks), ranks
+    assert not ranks[0]["warnings"], ranks[0]["warnings"]
+    # the same band as above: gloo's late frees of its copies move single windows by whole units
+    predicted, unit = ranks[0]["predicted"], ranks[0]["largest_unit_bytes"]
+    peaks = [p for r in ranks for p in r["measured"][0]]
+    assert any(abs(p - predicted) <= 0.03 * p for p in peaks), (predicted, peaks)
+    assert all(predicted - 0.5 * unit <= p <= predicted + 4.2 * unit for p in peaks), (predicted, unit, peaks)
+
+
 def test_tensor_parallel_two_processes_compile_plan_and_measure_the_loss(tmp_path: Path) -> None:
     """Tensor parallelism alone (``parallelize_module``, 2 gloo ranks): the compiled graphs carry
     the process group as a script object, which torch's partitioner refused to size under a budget
