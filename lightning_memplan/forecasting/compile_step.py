@@ -88,8 +88,10 @@ def compile_step(
 ) -> CompiledStep:
     """Compile one training step with ``be`` by running forward and backward once (model restored:
     gradients, buffers and the RNG; under FSDP2 the backward graphs are compiled with the forward and
-    not run). With several regions the run is made twice, the second watching where each region's
-    outputs die (``be.early_frees``). The optimizer is not stepped."""
+    not run). With several regions, or when the run stored new state on the model's modules (a
+    cache a forward makes at its first call: later calls run another graph), the run is made twice,
+    the second the steady one the forecast lays out, watching where each region's outputs die
+    (``be.early_frees``). The optimizer is not stepped."""
     # static: a forecast is of these inputs' shapes. With dynamic=None, dynamo's profile of earlier
     # compiles of the same code in this process (automatic_dynamic_local_pgo) could make it a
     # dynamic-shape graph, and AOTAutograd would mark the caller's tensors dynamic for later compiles.
@@ -132,10 +134,14 @@ def compile_step(
                 with eager_bw:
                     compiled(*inputs)
             else:
+                state = _forward_state(model)
                 _backward_without_hooks(compiled(*inputs), [*params, *inputs])
-                if len(be.regions) > 1:
+                if len(be.regions) > 1 or _forward_state(model) != state:
                     # the compiling run's region outputs are held by the compiles of the later regions
-                    # (their example inputs): watch where they die (be.early_frees) on a steady run
+                    # (their example inputs): watch where they die (be.early_frees) on a steady run.
+                    # A forward that stored state on the model (a cache made at its first call) runs
+                    # another graph from now on: dynamo compiles it in this run, which is the one
+                    # the forecast lays out (be.executions)
                     be.executions.clear()
                     be.owners.clear()
                     be.early_frees.clear()
@@ -147,6 +153,13 @@ def compile_step(
     return CompiledStep(model=model, inputs=inputs, optimizer=optimizer, params=tuple(params), step=step,
                         compile_seconds=seconds, fsdp=fsdp, executions=tuple(be.executions),
                         owners=tuple(be.owners), early=dict(be.early_frees))
+
+
+def _forward_state(model: nn.Module) -> list[tuple[int, str, int]]:
+    """``(module id, attribute, value id)`` of every plain attribute of ``model``'s modules (not
+    their parameters, buffers or submodules, which live in dicts of their own): a forward that sets
+    one (``if self.pe is None: self.pe = ...``) changes this list."""
+    return [(id(m), k, id(v)) for m in model.modules() for k, v in vars(m).items()]
 
 
 def _backward_without_hooks(loss: torch.Tensor, leaves: list[torch.Tensor]) -> None:
