@@ -34,14 +34,16 @@ Signature = tuple[Any, ...]
 
 
 def held_returned(losses: tuple[EagerLoss, ...], outputs: Any) -> tuple[EagerLoss, ...]:
-    """``losses`` with the bytes of their inner outputs that ``outputs`` holds. The outputs of
-    the forward that a later compiled region computes the loss from die in that region's
-    backward, unless ``training_step`` returned them (``outputs``): Lightning keeps what it
-    returned (detached, the same storage) through the backward (``EagerLoss.held_inner_bytes``)."""
-    if not any(m.inner_outputs for m in losses):
+    """``losses`` as the outputs ``training_step`` returned (``outputs``) keep them: Lightning keeps
+    what it returned (detached, the same storage) through the backward. The outputs of the forward
+    that a later compiled region computes the loss from die in that region's backward unless
+    returned (``EagerLoss.held_inner_bytes``); those only the loss's autograd nodes saved die as
+    its backward runs unless returned (``EagerLoss.saved_outputs``: the returned ones leave it)."""
+    if not any(m.inner_outputs or m.saved_outputs for m in losses):
         return losses
     returned = storage_keys(outputs)
-    return tuple(dataclasses.replace(m, held_inner_bytes=sum(b for k, b in m.inner_outputs if k in returned))
+    return tuple(dataclasses.replace(m, held_inner_bytes=sum(b for k, b in m.inner_outputs if k in returned),
+                                     saved_outputs=tuple((k, b) for k, b in m.saved_outputs if k not in returned))
                  for m in losses)
 
 

@@ -199,6 +199,10 @@ class MemplanBackend:
         region = RegionCapture(index=len(self.regions))
         region.param_inputs = tuple(not isinstance(e, torch.Tensor) or isinstance(e, nn.Parameter)
                                     for e in example_inputs)
+        if self.recording:  # the outputs of the step's earlier region calls, still live
+            earlier = {ref.cdata for outs in self._position_outputs.values() for ref, _ in outs if not ref.expired()}
+            region.chain_inputs = tuple(isinstance(e, torch.Tensor) and not isinstance(e, nn.Parameter)
+                                        and storage_key(e) in earlier for e in example_inputs)
         trainable = {storage_key(e): e.untyped_storage().nbytes() for e in example_inputs
                      if isinstance(e, nn.Parameter) and e.requires_grad}
         region.param_grad_bytes = int(sum(trainable.values()))

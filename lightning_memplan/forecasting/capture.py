@@ -149,6 +149,9 @@ class RegionCapture:
     #: Per graph input (in order): whether it is a parameter (or not a tensor) rather than an
     #: activation; ``None`` when unknown.
     param_inputs: tuple[bool, ...] | None = None
+    #: Per graph input (in order): whether its storage is an output of an earlier region call of
+    #: the same step (seen at the compile, while the backend recorded); ``None`` when unknown.
+    chain_inputs: tuple[bool, ...] | None = None
     #: Bytes of the trainable parameters among the graph inputs (unique storages): the gradients
     #: the backward returns for them; and the largest one's.
     param_grad_bytes: int = 0

@@ -89,6 +89,17 @@ class EagerLoss:
     #: The bytes of each of the outputs' gradients the loss's backward ends with (they sum to
     #: ``output_grad_bytes``; empty: not known apart).
     output_grad_sizes: tuple[int, ...] = ()
+    #: ``(storage key, bytes)`` of the outputs kept (in ``outputs_kept_bytes``) because the loss's
+    #: autograd nodes saved them (``F.nll_loss`` keeps its input): they die as the loss's backward
+    #: runs, before the compiled backward, unless ``training_step`` returned them (Lightning keeps
+    #: those through the backward: :func:`~lightning_memplan.callback.first_batch.held_returned`
+    #: drops them from here). Keys identify storages while they live.
+    saved_outputs: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def saved_outputs_bytes(self) -> int:
+        """Bytes of :attr:`saved_outputs`."""
+        return sum(b for _, b in self.saved_outputs)
 
 
 def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
@@ -116,7 +127,8 @@ def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
         inner_outputs=tuple((k, s(n)) for k, n in loss.inner_outputs), held_inner_bytes=s(loss.held_inner_bytes),
         param_grad_bytes=loss.param_grad_bytes, zero_grad_bytes=s(loss.zero_grad_bytes),
         zero_grad_sizes=tuple(s(n) for n in loss.zero_grad_sizes),
-        output_grad_sizes=tuple(s(n) for n in loss.output_grad_sizes))
+        output_grad_sizes=tuple(s(n) for n in loss.output_grad_sizes),
+        saved_outputs=tuple((k, s(n)) for k, n in loss.saved_outputs))
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:
@@ -129,8 +141,10 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
       kept tensors), then down to what lives when the backward starts (the kept tensors and the
       outputs kept);
     - before its backward: the loss's backward peak (the outputs' gradients it ends with
-      included), then all of it but those gradients freed with the kept tensors;
-    - after its backward: the kept outputs freed (taken to live through the whole region's backward);
+      included), then all of it but those gradients freed with the kept tensors and the outputs
+      only the loss's nodes kept (``saved_outputs``);
+    - after its backward: the other kept outputs freed (taken to live through the whole region's
+      backward);
     - the gradients of the parameters only the eager code reads (``param_grad_bytes``), made at the
       end of the loss's backward, category ``"gradients"``, never freed in the step.
 
@@ -139,6 +153,7 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
     Category ``"activations"`` but for those gradients. The events sum to ``param_grad_bytes``.
     """
     a = "activations"
+    saved_out = min(loss.saved_outputs_bytes, loss.outputs_kept_bytes)
     left = loss.outputs_kept_bytes + loss.kept_bytes  # live when the backward starts
     made = loss.forward_peak_bytes if loss.forward_peak_measured else loss.kept_bytes
     top = max(loss.outputs_bytes + made, left)
@@ -148,10 +163,11 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
     return {
         ("fw", last, "after"): forward,
         ("bw", last, "before"): [("eager_loss_backward", a, loss.backward_peak_bytes),
-                                 ("eager_loss_backward_end", a, -loss.backward_peak_bytes - loss.kept_bytes),
+                                 ("eager_loss_backward_end", a,
+                                  -loss.backward_peak_bytes - loss.kept_bytes - saved_out),
                                  *([("eager_parameter_gradients", "gradients", loss.param_grad_bytes)]
                                    if loss.param_grad_bytes else [])],
-        ("bw", last, "after"): [("eager_outputs_freed_after_backward", a, -loss.outputs_kept_bytes)],
+        ("bw", last, "after"): [("eager_outputs_freed_after_backward", a, saved_out - loss.outputs_kept_bytes)],
     }
 
 
@@ -467,6 +483,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
             s = storage_key(t)
             if s not in excluded:
                 kept.setdefault(s, (owner, int(t.untyped_storage().nbytes())))
+    by_nodes = set(kept)  # storages the loss's nodes saved (an output also referenced is one too)
     for c, call in enumerate(calls):
         for t in call.alive:
             if storage_key(t) not in excluded:
@@ -475,6 +492,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
     for c, call in enumerate(calls):
         mine = {s: b for s, (owner, b) in kept.items() if owner == c}
         outputs_kept = sum(b for s, b in mine.items() if s in call.live_outputs)
+        saved_outputs = tuple((s, b) for s, b in mine.items() if s in call.live_outputs and s in by_nodes)
         edges = [e for e in call.edges if id(e.node) in nodes]
         # outputs of a region whose backward runs that get no gradient: autograd passes zeros
         zeros = {k: b for e, k, b in zip(call.edges, call.edge_keys, call.edge_bytes)
@@ -498,7 +516,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                              forward_peak_measured=call.forward_peak_measured,
                              inner_outputs=tuple(sorted(held[c].items())), param_grad_bytes=param_grads[c],
                              zero_grad_bytes=int(sum(zeros.values())), zero_grad_sizes=tuple(zeros.values()),
-                             output_grad_sizes=grad_sizes))
+                             output_grad_sizes=grad_sizes, saved_outputs=saved_outputs))
     return tuple(out)
 
 

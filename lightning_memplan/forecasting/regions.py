@@ -66,8 +66,10 @@ class RegionPlan:
     #: The same step as allocations and frees, for the allocator model; ``None`` when the
     #: estimate has no per-storage detail (inductor's scheduler estimate).
     trace: RegionTrace | None = None
-    #: Whether the backward keeps one of the forward's activation inputs (unknown: ``True``). When it
-    #: keeps none, the previous region's outputs die once this forward has run (see :func:`~lightning_memplan.forecasting.layout.lay_out`).
+    #: Whether the backward keeps one of the forward's activation inputs (unknown: ``True``); of a
+    #: region fed by an earlier region call, one of that call's outputs (the batch, or a tensor the
+    #: loss closes over, is live anyway). When it keeps none, the previous region's outputs die once
+    #: this forward has run (see :func:`~lightning_memplan.forecasting.layout.lay_out`).
     keeps_inputs: bool = True
     #: Of ``gradients``, the bytes of the parameters' gradients, and the largest one's (see
     #: :meth:`~lightning_memplan.forecasting.result.Forecast.repeated`).
@@ -98,9 +100,13 @@ def region_memory(region: RegionCapture, every_op: bool) -> RegionMemory:
         raise RuntimeError(f"region {region.index}: no forward graph was captured")
     # the partitioned forward's placeholders are the region's inputs, in order
     holders = [n.name for n in region.fw_graph.graph.nodes if n.op == "placeholder"]
-    flags = region.param_inputs
+    flags, chain = region.param_inputs, region.chain_inputs
     acts = ([name for name, is_param in zip(holders, flags) if not is_param]
             if flags is not None and len(flags) == len(holders) else None)
+    if chain is not None and len(chain) == len(holders) and any(chain):
+        # a region fed by an earlier one: whether it keeps those outputs (the batch or a tensor
+        # the loss closes over, also inputs, live anyway); a call's first region: its inputs
+        acts = [name for name, earlier in zip(holders, chain) if earlier]
     return profile_region(region.fw_graph.graph, region.bw_graph.graph if region.bw_graph is not None else None,
                           workspace=functools.partial(probe_workspace, every_op=every_op), activation_inputs=acts)
 

@@ -12,6 +12,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from lightning_memplan import forecast
 from lightning_memplan._torch.storages import storage_key
+from lightning_memplan.callback.first_batch import held_returned
 from lightning_memplan.forecasting.eager_loss import (
     EagerCalls,
     EagerLoss,
@@ -58,6 +59,15 @@ def test_mse_keeps_the_output_itself() -> None:
     m = measure_eager_loss(loss, edges, outputs_bytes=nbytes, live_outputs=live, alive_outputs=[out],
                            exclude=[*model.parameters(), target])
     assert (m.outputs_kept_bytes, m.kept_bytes, m.output_grad_bytes) == (nbytes, 0, nbytes)
+    # mse's node saved it: it dies as the loss's backward runs, before the compiled backward
+    # (Lightning's demo Transformer: the log-probabilities F.nll_loss keeps, counted live through
+    # the compiled backward, made the forecast +3.1%), unless training_step returned it
+    assert m.saved_outputs == ((storage_key(out), nbytes),)
+    events = eager_loss_events(m, 0)
+    assert ("eager_loss_backward_end", "activations", -m.backward_peak_bytes - nbytes) in events[("bw", 0, "before")]
+    assert events[("bw", 0, "after")] == [("eager_outputs_freed_after_backward", "activations", 0)]
+    (returned,) = held_returned((m,), {"loss": loss, "out": out.detach()})
+    assert returned.saved_outputs == () and eager_loss_events(returned, 0)[("bw", 0, "after")][0][2] == -nbytes
 
 
 def test_outputs_freed_in_the_eager_code_are_freed_in_its_measured_peak() -> None:

@@ -23,9 +23,6 @@ _ONE_WAY = {"llama": "loss", "qwen2": "logits", "gpt2": "self", "bert_cls": "los
             "convnext": "self", "demo_transformer": "logits"}
 #: Misses not fixed yet, each with its mechanism; strict: a fix makes the test fail until this is updated.
 _KNOWN = {
-    ("demo_transformer", "logits"): "the auto plan checkpoints the last decoder layer of nn.Transformer (budget 0.7): "
-                                    "+3.1%; the plain forecast() of that plan is +0.6% at budget 1.0, +3.0% at 0.7 "
-                                    "(the region after the break, its backward); other layers checkpointed are exact",
 }
 CASES = [pytest.param(name, way, marks=[pytest.mark.xfail(strict=True, raises=AssertionError,
                                                                reason=_KNOWN[(name, way)])]
