@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from lightning_memplan._torch.materialized import materialized_sum
 from lightning_memplan._torch.storages import held_tensors
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory
@@ -37,13 +38,18 @@ __all__ = ["BoundForward", "forecast_plan", "lay_out_step", "other_call_forecast
 def sum_outputs(out: Any) -> torch.Tensor:
     """Default loss for forecasting: the sum of every floating tensor in the output (those an
     output object holds, such as a KV cache's keys and values, too: each output's gradient then
-    has a place in the backward, where the zero gradient autograd hands it is read)."""
+    has a place in the backward, where the zero gradient autograd hands it is read). They are
+    summed by one :func:`~lightning_memplan._torch.materialized.materialized_sum`, so that under
+    inductor each lives until all are made, as the outputs of the user's compiled forward do."""
     leaves = [t for t in held_tensors(out) if t.is_floating_point()]
     if not leaves:
         raise ValueError("the module's forward returned no floating-point tensor to differentiate")
-    total = leaves[0].float().sum()
-    for t in leaves[1:]:
-        total = total + t.float().sum()
+    plain = [t for t in leaves if type(t) is torch.Tensor]  # tensor subclasses (DTensor): summed as they are
+    total = materialized_sum(plain) if plain else None
+    for t in leaves:
+        if type(t) is not torch.Tensor:
+            total = t.float().sum() if total is None else total + t.float().sum()
+    assert total is not None
     return total
 
 
