@@ -227,8 +227,6 @@ class NotedOutputs:
     forward_peak_bytes: int = 0
     #: Whether :attr:`forward_peak_bytes` was measured (its window closed).
     forward_peak_measured: bool = False
-    #: Storage key of each of :attr:`storages` (aligned).
-    storage_keys: list[int] = field(default_factory=list)
     #: Per storage key, ``time.time_ns()`` when the last of its noted tensors died (a tensor dies
     #: when nothing refers to it any more: no Python name, view or tensor saved for backward).
     died: dict[int, int] = field(default_factory=dict)
@@ -253,14 +251,14 @@ class NotedOutputs:
                              for t in storages.values()],
                    refs=[weakref.ref(t, death(storage_key(t))) for t in leaves],
                    edge_keys=[storage_key(t) for t in grad],
-                   edge_bytes=[int(t.untyped_storage().nbytes()) for t in grad],
-                   storage_keys=list(storages), died=died)
+                   edge_bytes=[int(t.untyped_storage().nbytes()) for t in grad], died=died)
 
     def freed_since(self, start_ns: int) -> list[tuple[int, int]]:
         """``(time_ns, bytes)`` of each output storage freed since ``start_ns`` (``time.time_ns()``):
         gone now, its last noted tensor dead at or after ``start_ns``; the time is that death."""
-        return [(self.died[k], n) for (ref, n), k in zip(self.storages, self.storage_keys)
-                if ref.expired() and self.died.get(k, -1) >= start_ns]
+        # a weak reference's cdata is its storage's key, and stays so once the storage is gone
+        return [(self.died[ref.cdata], n) for ref, n in self.storages
+                if ref.expired() and self.died.get(ref.cdata, -1) >= start_ns]
 
     def now(self) -> CallOutputs:
         """What is left of them now, for :func:`measure_eager_losses`."""

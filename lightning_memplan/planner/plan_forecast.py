@@ -44,12 +44,11 @@ def sum_outputs(out: Any) -> torch.Tensor:
     leaves = [t for t in held_tensors(out) if t.is_floating_point()]
     if not leaves:
         raise ValueError("the module's forward returned no floating-point tensor to differentiate")
-    plain = [t for t in leaves if type(t) is torch.Tensor]  # tensor subclasses (DTensor): summed as they are
-    total = materialized_sum(plain) if plain else None
-    for t in leaves:
-        if type(t) is not torch.Tensor:
-            total = t.float().sum() if total is None else total + t.float().sum()
-    assert total is not None
+    plain = [t for t in leaves if type(t) is torch.Tensor]
+    parts = [t.float().sum() for t in leaves if type(t) is not torch.Tensor]  # tensor subclasses (DTensor)
+    total = materialized_sum(plain) if plain else parts.pop(0)
+    for part in parts:
+        total = total + part
     return total
 
 
