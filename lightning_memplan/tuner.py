@@ -24,10 +24,10 @@ from torch import nn
 
 from lightning_memplan._torch.storages import tree_leaves, tree_map
 from lightning_memplan.core.instance_patch import instance_attributes
+from lightning_memplan.forecasting.autograd_walk import parameters_reached
 from lightning_memplan.forecasting.eager_loss import (
     EagerCalls,
     measure_eager_losses,
-    parameters_reached,
 )
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.called_modules import CallWatch, ModuleCall

@@ -17,7 +17,8 @@ from torch import nn
 
 from lightning_memplan._torch.fsdp import fsdp2_backward_hooks_inert
 from lightning_memplan._torch.storages import tree_leaves
-from lightning_memplan.forecasting.eager_loss import EagerCalls, EagerLoss, measure_eager_losses, parameters_reached
+from lightning_memplan.forecasting.autograd_walk import parameters_reached
+from lightning_memplan.forecasting.eager_loss import EagerCalls, EagerLoss, measure_eager_losses
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.planner.messages import PlanWarning, eager_forward_warning, uncompiled_warnings
 from lightning_memplan.planner.step_model import (

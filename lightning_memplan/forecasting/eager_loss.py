@@ -18,6 +18,8 @@ measurement, which needs the live autograd graph.
 """
 from __future__ import annotations
 
+import dataclasses
+import gc
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,10 +35,17 @@ from lightning_memplan._torch.storages import (
     storage_key,
     storage_weakref,
 )
+from lightning_memplan.forecasting.autograd_walk import (
+    edges_reached,
+    inner_edges,
+    reach_down,
+    saved_storage_keys,
+    saved_tensors_of,
+)
 from lightning_memplan.measure import PeakWindow
 
 __all__ = ["CallOutputs", "EagerCalls", "EagerLoss", "NotedOutputs", "eager_loss_events", "measure_eager_loss",
-           "measure_eager_losses", "parameters_reached", "scaled_eager_loss"]
+           "measure_eager_losses", "scaled_eager_loss"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,28 @@ class EagerLoss:
     #: those through the backward: :func:`~lightning_memplan.callback.first_batch.held_returned`
     #: drops them from here). Keys identify storages while they live.
     saved_outputs: tuple[tuple[int, int], ...] = ()
+    #: ``(region, bytes)`` of the outputs an earlier compiled region of the call returned straight
+    #: to the eager code (the KV cache beside the logits a loss region reads) and that died there,
+    #: each storage once; ``region``: its place among the call's compiled regions, in the order
+    #: they ran. Not in ``outputs_bytes``: the forecast holds them as that region's outputs, and
+    #: :func:`~lightning_memplan.forecasting.layout.lay_out` frees them after the eager code.
+    early_outputs: tuple[tuple[int, int], ...] = ()
+    #: How many compiled regions the call ran (0: not known). :attr:`early_outputs` name places
+    #: among them; a forecast whose call runs another number of regions counts them as outputs.
+    regions: int = 0
+
+    @property
+    def early_outputs_bytes(self) -> int:
+        """Bytes of :attr:`early_outputs`."""
+        return sum(b for _, b in self.early_outputs)
+
+    def with_early_outputs_counted(self) -> EagerLoss:
+        """This measurement with :attr:`early_outputs` counted as outputs freed in the eager code
+        (for a forecast that lays the call out in another number of regions)."""
+        if not self.early_outputs:
+            return self
+        return dataclasses.replace(self, outputs_bytes=self.outputs_bytes + self.early_outputs_bytes,
+                                   early_outputs=())
 
     @property
     def saved_outputs_bytes(self) -> int:
@@ -128,7 +159,8 @@ def scaled_eager_loss(loss: EagerLoss, ratio: float) -> EagerLoss:
         param_grad_bytes=loss.param_grad_bytes, zero_grad_bytes=s(loss.zero_grad_bytes),
         zero_grad_sizes=tuple(s(n) for n in loss.zero_grad_sizes),
         output_grad_sizes=tuple(s(n) for n in loss.output_grad_sizes),
-        saved_outputs=tuple((k, s(n)) for k, n in loss.saved_outputs))
+        saved_outputs=tuple((k, s(n)) for k, n in loss.saved_outputs),
+        early_outputs=tuple((r, s(n)) for r, n in loss.early_outputs), regions=loss.regions)
 
 
 def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], list[tuple[str, str, int]]]:
@@ -171,19 +203,6 @@ def eager_loss_events(loss: EagerLoss, last: int) -> dict[tuple[str, int, str], 
     }
 
 
-def _saved_tensors(node: Any) -> Iterable[torch.Tensor]:
-    """The tensors an autograd node saved for its backward (its ``_saved_*`` attributes)."""
-    for name in dir(node):
-        if not name.startswith("_saved_"):
-            continue
-        try:
-            value = getattr(node, name)
-        except Exception:  # noqa: BLE001 - freed, or not readable
-            continue
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        yield from (v for v in values if isinstance(v, torch.Tensor))
-
-
 @dataclass(frozen=True)
 class CallOutputs:
     """One call of the compiled forward, as seen when it returned (nothing here keeps its outputs
@@ -208,6 +227,11 @@ class CallOutputs:
     #: the forecast already: it is not counted again.
     edge_keys: Sequence[int] = ()
     edge_bytes: Sequence[int] = ()
+    #: The compiled region (its place among the call's regions, in the order they ran) whose
+    #: output each edge is (aligned with ``edges``; -1: none known); empty: unknown.
+    edge_regions: Sequence[int] = ()
+    #: How many compiled regions the call ran (0: not known).
+    regions: int = 0
 
 
 @dataclass
@@ -230,6 +254,10 @@ class NotedOutputs:
     #: Per storage key, ``time.time_ns()`` when the last of its noted tensors died (a tensor dies
     #: when nothing refers to it any more: no Python name, view or tensor saved for backward).
     died: dict[int, int] = field(default_factory=dict)
+    #: :attr:`CallOutputs.edge_regions` (aligned with ``edges``; empty: unknown).
+    edge_regions: list[int] = field(default_factory=list)
+    #: :attr:`CallOutputs.regions`.
+    regions: int = 0
 
     @classmethod
     def of(cls, out: Any) -> NotedOutputs:
@@ -268,7 +296,8 @@ class NotedOutputs:
                            alive=[t for t in (r() for r in self.refs) if t is not None],
                            forward_peak_bytes=self.forward_peak_bytes,
                            forward_peak_measured=self.forward_peak_measured, edge_keys=tuple(self.edge_keys),
-                           edge_bytes=tuple(self.edge_bytes))
+                           edge_bytes=tuple(self.edge_bytes), edge_regions=tuple(self.edge_regions),
+                           regions=self.regions)
 
 
 class EagerCalls:
@@ -285,6 +314,9 @@ class EagerCalls:
         self._tentative: NotedOutputs | None = None
         # (node id, output_nr) of every compiled region's outputs inside the running call
         self._region_edges: set[tuple[int, int]] = set()
+        # autograd node id -> place of the compiled region (of the running call) it belongs to
+        self._region_nodes: dict[int, int] = {}
+        self._regions = 0
 
     def region_returned(self, out: Any) -> None:
         """A compiled region inside the running call returned ``out``: note it in place of the
@@ -293,11 +325,16 @@ class EagerCalls:
         now and then."""
         self._tentative = note = NotedOutputs.of(out)
         self._region_edges.update((id(e.node), e.output_nr) for e in note.edges)
+        for e in note.edges:
+            self._region_nodes.setdefault(id(e.node), self._regions)
+        self._regions += 1
 
     def discard_regions(self) -> None:
         """Drop the notes of :meth:`region_returned`, if any."""
         self._region_edges = set()
         self._tentative = None
+        self._region_nodes = {}
+        self._regions = 0
 
     def returned_after_regions(self, out: Any) -> None:
         """The call returned ``out``. If eager code ran after its last compiled region (an output
@@ -308,14 +345,18 @@ class EagerCalls:
         :meth:`returned`); else note ``out`` (:meth:`returned`)."""
         from torch.autograd.graph import get_gradient_edge
 
-        edges, self._region_edges = self._region_edges, set()
-        note, self._tentative = self._tentative, None
+        edges, note, nodes, regions = self._region_edges, self._tentative, self._region_nodes, self._regions
+        self.discard_regions()
         if note is not None and note.edges:
             grads = [t for t in held_tensors(out) if t.requires_grad]
             if any((id(e.node), e.output_nr) not in edges for e in map(get_gradient_edge, grads)):
                 self._append(note)
                 return
-        self.returned(out)
+        note = NotedOutputs.of(out)
+        if regions:
+            note.edge_regions = [nodes.get(id(e.node), -1) for e in note.edges]
+            note.regions = regions
+        self._append(note)
 
     def returned(self, out: Any) -> None:
         """A call returned ``out``: note it and open the window on the eager code after it."""
@@ -342,87 +383,11 @@ class EagerCalls:
         note.forward_peak_measured = True
 
     def now(self) -> list[CallOutputs]:
-        """What is left of every call's outputs now, for :func:`measure_eager_losses`."""
+        """What is left of every call's outputs now, for :func:`measure_eager_losses`. Garbage
+        reference cycles are collected first: in the step that compiled, dynamo's trackers of an
+        output object (a ``DynamicCache``) hold its tensors in cycles, which no later step has."""
+        gc.collect()
         return [c.now() for c in self.calls]
-
-
-def _reach(root: Any, stops: dict[int, int]) -> tuple[dict[int, Any], dict[int, frozenset[int]]]:
-    """Every autograd node from ``root`` down to the output nodes ``stops`` (node id -> call), and
-    for each the calls whose outputs it reaches. Iterative depth-first (autograd graphs are DAGs)."""
-    nodes: dict[int, Any] = {}
-    reach: dict[int, frozenset[int]] = {}
-    stack: list[tuple[Any, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        if done:
-            below = (reach.get(id(n), frozenset()) for n, _ in node.next_functions if n is not None)
-            reach[key] = frozenset({stops[key]}) if key in stops else frozenset().union(*below)
-            continue
-        if key in nodes:
-            continue
-        nodes[key] = node
-        stack.append((node, True))
-        if key not in stops:
-            stack.extend((n, False) for n, _ in node.next_functions if n is not None)
-    return nodes, reach
-
-
-def _edges_reached(loss: torch.Tensor, nodes: dict[int, Any], stops: dict[int, int]) -> set[tuple[int, int]]:
-    """``(node id, output_nr)`` of every output edge the backward of ``loss`` sends a gradient
-    along: the loss's own edge and the ``next_functions`` of every node walked (``nodes``, from
-    :func:`_reach`) that is not one of the ``stops``."""
-    reached = {(id(loss.grad_fn), loss.output_nr)}
-    for key, node in nodes.items():
-        if key not in stops:
-            reached.update((id(n), nr) for n, nr in node.next_functions if n is not None)
-    return reached
-
-
-def parameters_reached(loss: torch.Tensor, stop_at: Iterable[GradientEdge] = ()) -> set[int]:
-    """``id``s of the leaf tensors whose gradients ``loss``'s backward accumulates: the
-    ``AccumulateGrad`` nodes its autograd graph reaches, through compiled regions' backward nodes
-    too. A trainable parameter not among them gets no gradient in this step (its ``.grad`` stays
-    None); empty when ``loss`` has no autograd graph. ``stop_at``: the walk does not go past these
-    edges' nodes (a call's outputs: then only the parameters the code after the call reads)."""
-    if loss.grad_fn is None:
-        return set()
-    nodes, _ = _reach(loss.grad_fn, {id(e.node): 0 for e in stop_at})
-    stops = {id(e.node) for e in stop_at}
-    return {id(v) for k, v in ((k, getattr(n, "variable", None)) for k, n in nodes.items())
-            if k not in stops and isinstance(v, torch.Tensor)}
-
-
-def _saved_keys(edges: Sequence[GradientEdge]) -> set[int]:
-    """Storage keys of the tensors the nodes of ``edges`` saved for their backward (a compiled
-    region's ``CompiledFunctionBackward`` is its ``ctx``: ``saved_tensors``); none where unreadable."""
-    keys: set[int] = set()
-    for node in {id(e.node): e.node for e in edges}.values():
-        try:
-            saved = node.saved_tensors
-        except Exception:  # noqa: BLE001 - freed, or not a custom Function's node
-            continue
-        keys.update(storage_key(t) for t in saved if isinstance(t, torch.Tensor))
-    return keys
-
-
-def _inner_edges(calls: Sequence[CallOutputs]) -> set[tuple[int, int]]:
-    """``(node id, output_nr)`` of the output edges that another output is computed from: walking
-    down from every output's node, the output edges met in ``next_functions``."""
-    outputs = {(id(e.node), e.output_nr) for c in calls for e in c.edges}
-    inner: set[tuple[int, int]] = set()
-    seen: set[int] = set()
-    stack = [e.node for c in calls for e in c.edges]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        for n, nr in node.next_functions:
-            if n is not None and (id(n), nr) in outputs:
-                inner.add((id(n), nr))
-            stack.append(n)
-    return inner
 
 
 def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
@@ -451,20 +416,26 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
     if loss.grad_fn is None:
         raise ValueError("measure_eager_loss: the loss has no autograd graph (grad_fn is None)")
     stops = {id(e.node): c for c, call in enumerate(calls) for e in call.edges}
-    nodes, reach = _reach(loss.grad_fn, stops)
+    nodes, reach = reach_down(loss.grad_fn, stops)
     if not any(k in nodes for k in stops):
         raise ValueError("measure_eager_loss: the loss does not depend on the compiled forward's outputs")
-    inner = _inner_edges(calls)
-    sent = _edges_reached(loss, nodes, stops)
+    inner = inner_edges([e for c in calls for e in c.edges])
+    sent = edges_reached(loss, nodes, stops)
     # per call: output storages a later compiled region takes as its input (in the forecast already)
     held = [{k: b for e, k, b in zip(c.edges, c.edge_keys, c.edge_bytes) if (id(e.node), e.output_nr) in inner}
             for c in calls]
     # per call: outputs its compiled region also saved for its backward (a KV cache's keys and
     # values): saved activations in the forecast already, not outputs to count again
     saved_out = [{k: b for k, b in zip(c.edge_keys, c.edge_bytes) if k in saved and k not in h}
-                 for c, h, saved in zip(calls, held, (_saved_keys(c.edges) for c in calls))]
+                 for c, h, saved in zip(calls, held, (saved_storage_keys(c.edges) for c in calls))]
+    # per call: outputs an earlier region returned straight to the eager code (not saved, not
+    # read by a later region): in the forecast as that region's outputs, {key: (region, bytes)}
+    early = [{k: (r, b) for k, b, r in zip(c.edge_keys, c.edge_bytes, c.edge_regions)
+              if 0 <= r < c.regions - 1 and k not in h and k not in so}
+             for c, h, so in zip(calls, held, saved_out)]
     excluded = {storage_key(t) for t in exclude}.union(*(s.keys() for s in saved_out)).union(
-        *({k for k in h if k in c.live_outputs} for h, c in zip(held, calls)))
+        *({k for k in h if k in c.live_outputs} for h, c in zip(held, calls))).union(
+        *(e.keys() for e in early))
     last = len(calls) - 1
     planned = {id(p) for p in forecast_params}
     kept: dict[int, tuple[int, int]] = {}  # storage -> (call, bytes)
@@ -477,7 +448,7 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
         if isinstance(variable, torch.Tensor) and variable.requires_grad and id(variable) not in planned:
             local = local_tensor(variable)
             param_grads[owner] += int(local.numel() * local.element_size())
-        for t in _saved_tensors(node):
+        for t in saved_tensors_of(node):
             s = storage_key(t)
             if s not in excluded:
                 kept.setdefault(s, (owner, int(t.untyped_storage().nbytes())))
@@ -506,7 +477,9 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
             grad_sizes = tuple(sizes.values())
             peak = int(window.peak_bytes)
             del grads
-        out.append(EagerLoss(outputs_bytes=int(call.outputs_bytes) - sum(held[c].values()) - sum(saved_out[c].values()),
+        early_bytes = sum(b for _, b in early[c].values())
+        out.append(EagerLoss(outputs_bytes=int(call.outputs_bytes) - sum(held[c].values()) - sum(saved_out[c].values())
+                             - early_bytes,
                              outputs_kept_bytes=int(outputs_kept),
                              kept_bytes=int(sum(mine.values()) - outputs_kept),
                              backward_peak_bytes=max(peak, grad_bytes), output_grad_bytes=grad_bytes,
@@ -514,7 +487,11 @@ def measure_eager_losses(loss: torch.Tensor, calls: Sequence[CallOutputs], *,
                              forward_peak_measured=call.forward_peak_measured,
                              inner_outputs=tuple(sorted(held[c].items())), param_grad_bytes=param_grads[c],
                              zero_grad_bytes=int(sum(zeros.values())), zero_grad_sizes=tuple(zeros.values()),
-                             output_grad_sizes=grad_sizes, saved_outputs=saved_outputs))
+                             output_grad_sizes=grad_sizes, saved_outputs=saved_outputs,
+                             # those still live are held to their region's backward, as forecast
+                             early_outputs=tuple(sorted(v for k, v in early[c].items()
+                                                        if k not in call.live_outputs)),
+                             regions=call.regions))
     return tuple(out)
 
 

@@ -96,6 +96,7 @@ def lay_out(
     bw_hold: Mapping[int, int] | None = None,
     bw_views: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     early: Mapping[int, Mapping[int, int]] | None = None,
+    eager_freed: Mapping[int, Sequence[tuple[int, int]]] | None = None,
 ) -> tuple[list[TimelineStep], int, AtPeak]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
 
@@ -137,6 +138,10 @@ def lay_out(
     last (an activation input it saved; watched on a run of the compiled step): they die after its last
     read of its activation inputs (``input_last_use``; unknown: its end) instead of when position
     ``i``'s backward starts.
+    ``eager_freed[j]``: ``(i, bytes)`` of position ``i``'s outputs that the eager code after
+    position ``j``'s forward (the end of a call) received straight from that region and dropped
+    (:attr:`~lightning_memplan.forecasting.eager_loss.EagerLoss.early_outputs`): live through that
+    eager code (again, where the next forward had dropped them), freed after it.
 
     Returns the timeline, the peak, and (activations, gradients, optimizer temporaries, FSDP
     buffers) at the peak.
@@ -172,7 +177,20 @@ def lay_out(
         if j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline and j - 1 not in ends:
             dropped[j - 1] = True
             offset -= plans[j - 1].fw_retained - plans[j - 1].saved
+        freed = []  # (position, bytes) the eager code after this forward frees
+        for i, n in (eager_freed or {}).get(j, ()):
+            if dropped[i]:
+                offset += n  # live at the call's return
+                freed.append((i, n))
+            else:
+                freed.append((i, min(n, max(0, plans[i].fw_retained - plans[i].saved - freed_early[i]))))
         apply(("fw", j, "after"), "forward", p.index)
+        for i, n in freed:
+            offset -= n
+            if not dropped[i]:
+                freed_early[i] += n
+        if freed:
+            timeline.append(TimelineStep(phase="forward", region=p.index, node="eager_outputs_freed", bytes=offset))
     for j, p in enumerate(plans):
         if fresh[j] and not p.keeps_inputs:  # freed when training_step returns
             offset -= fresh[j]
@@ -299,6 +317,10 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
     events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in first.overlay.items()} if n == 1 else {}
     hold: dict[int, int] = {}
     views: dict[int, list[tuple[int, int]]] = {}
+    # outputs an earlier region handed the eager code name that region by its place in the call:
+    # a call laid out in another number of regions counts them as outputs of the call instead
+    losses = [loss if loss.regions == len(run) else loss.with_early_outputs_counted()
+              for loss, run in zip(losses, ones)]
     for end, loss in zip(ends, losses):
         for point, evs in eager_loss_events(loss, end).items():
             events.setdefault(point, []).extend(evs)
@@ -313,7 +335,9 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
     # each call's outputs die where the compiling run's did, in that call's own backwards, unless
     # training_step took hold of one of them (returned it: Lightning keeps it through the backward)
     held = [c < len(losses) and losses[c].held_inner_bytes > 0 for c in range(n)]
+    freed = {ends[c]: [(starts[c] + r, b) for r, b in loss.early_outputs]
+             for c, loss in enumerate(losses) if loss.early_outputs}
     run_early = {starts[c] + j: {starts[c] + i: b for i, b in by.items()}
                  for c in range(n) if not held[c] for j, by in (earlies[c] or {}).items()}
     return lay_out(seq, first.optimizer, ends=frozenset(ends), accumulate=acc, inputs=fresh, overlay=events,
-                   bw_hold=hold, bw_views=views, early=run_early)
+                   bw_hold=hold, bw_views=views, early=run_early, eager_freed=freed)

@@ -139,7 +139,7 @@ def live_grad_bytes(module: nn.Module) -> int:
 
 def gradless_parameters(module: nn.Module, reached: Collection[int]) -> list[nn.Parameter]:
     """``module``'s trainable parameters (each once) whose ``id`` is not in ``reached``
-    (:func:`~lightning_memplan.forecasting.eager_loss.parameters_reached` of a step's loss): the step gives
+    (:func:`~lightning_memplan.forecasting.autograd_walk.parameters_reached` of a step's loss): the step gives
     them no gradient."""
     unique = {id(p): p for p in module.parameters() if p.requires_grad and id(p) not in reached}
     return list(unique.values())

@@ -13,6 +13,7 @@ from torch.autograd.graph import get_gradient_edge
 from lightning_memplan import forecast
 from lightning_memplan._torch.storages import storage_key
 from lightning_memplan.callback.first_batch import held_returned
+from lightning_memplan.forecasting.autograd_walk import parameters_reached
 from lightning_memplan.forecasting.eager_loss import (
     EagerCalls,
     EagerLoss,
@@ -20,7 +21,6 @@ from lightning_memplan.forecasting.eager_loss import (
     eager_loss_events,
     measure_eager_loss,
     measure_eager_losses,
-    parameters_reached,
     scaled_eager_loss,
 )
 

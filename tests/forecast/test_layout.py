@@ -1,6 +1,9 @@
 """The step's layout (forecasting.layout): the peak tracker, and small timelines computed by hand."""
 from __future__ import annotations
 
+import dataclasses
+
+from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.layout import (
     PeakTracker,
     StepParts,
@@ -87,6 +90,32 @@ def test_outputs_a_later_backward_held_last_are_released_after_its_last_read() -
     assert (peak, at_peak) == (170, (150, 20, 0, 0))
 
 
+def test_outputs_the_eager_code_dropped_die_after_it_not_at_their_regions_backward() -> None:
+    # 15 of region 0's 20 B of outputs went straight to the eager code after the call (a KV cache
+    # beside the logits region 1 reads), which dropped them: freed there, not at region 0's backward
+    timeline, peak, _ = lay_out(_chain(), None, eager_freed={1: [(0, 15)]})
+    assert [(t.phase, t.region, t.node, t.bytes) for t in timeline] == [
+        ("forward", 0, "f0", 50), ("forward", 1, "f0", 150), ("forward", 1, "f1", 90),
+        ("forward", 1, "eager_outputs_freed", 75),
+        # region 1's backward starts 15 B lower than without (60): 75 - 30
+        ("backward", 1, "b0", 75), ("backward", 1, "b1", 175), ("backward", 1, "b2", 65),
+        # region 0's at 65 - 30 (its saved) - 5 (its outputs left): where it started without
+        ("backward", 0, "b0", 60), ("backward", 0, "b1", 110), ("backward", 0, "b2", 40)]
+    assert peak == 175
+
+
+def test_outputs_the_eager_code_dropped_after_the_next_forward_dropped_them_live_through_it() -> None:
+    # region 1 keeps none of its inputs: region 0's outputs die when region 1's forward has run
+    # (90 - 20 = 70); the 15 B handed to the eager code live there again until it drops them
+    plans = _chain()
+    plans[1] = dataclasses.replace(plans[1], keeps_inputs=False)
+    overlay = {("fw", 1, "after"): [("eager", "activations", 5), ("eager_end", "activations", -5)]}
+    timeline, _, _ = lay_out(plans, None, overlay=overlay, eager_freed={1: [(0, 15)]})
+    assert [(t.node, t.bytes) for t in timeline[2:6]] == [
+        ("f1", 90), ("eager", 90), ("eager_end", 85), ("eager_outputs_freed", 70)]
+    assert timeline[6].bytes == 70 - 30 + 30  # region 1's backward starts where it would have
+
+
 def test_one_call_laid_out_from_its_parts_is_the_plain_layout() -> None:
     plans = _chain()
     parts = StepParts(plans=tuple(reversed(plans)), executions=(0, 1), early={1: {0: 20}})
@@ -109,3 +138,19 @@ def test_each_incoming_gradient_dies_at_a_reader_of_its_own_view() -> None:
     unknown = EagerLoss(outputs_bytes=0, outputs_kept_bytes=0, kept_bytes=0, backward_peak_bytes=0,
                         output_grad_bytes=300, zero_grad_bytes=20)  # sizes not known apart
     assert incoming_gradient_lifetimes([(10, (5,)), (300, (3,))], unknown) == ([], 320)
+
+
+def test_a_call_laid_out_in_another_number_of_regions_counts_the_dropped_outputs_as_outputs() -> None:
+    # the eager code got 15 B straight from the first of the call's 2 regions and dropped them
+    parts = StepParts(plans=tuple(_chain()), executions=(0, 1))
+    loss = EagerLoss(outputs_bytes=10, outputs_kept_bytes=0, kept_bytes=0, backward_peak_bytes=0,
+                     output_grad_bytes=0, early_outputs=((0, 15),), regions=2)
+    timeline, _, _ = lay_out_calls([parts], losses=[loss])
+    assert [(t.node, t.bytes) for t in timeline[2:6]] == [
+        ("f1", 90), ("eager_loss_forward", 100), ("eager_forward_freed", 90), ("eager_outputs_freed", 75)]
+    # forecast in 3 regions, the place "first region" names another: the 15 B are outputs of the call
+    other = dataclasses.replace(loss, regions=3)
+    timeline, _, _ = lay_out_calls([parts], losses=[other])
+    assert [(t.node, t.bytes) for t in timeline[2:5]] == [
+        ("f1", 90), ("eager_loss_forward", 115), ("eager_forward_freed", 90)]
+    assert other.with_early_outputs_counted() == dataclasses.replace(other, outputs_bytes=25, early_outputs=())
