@@ -40,7 +40,7 @@ from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.called_modules import ModuleCall, nothing_to_plan
 from lightning_memplan.planner.checkpointing import checkpointed
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.pipeline import (
     PlannedStep,
     Stage,
@@ -65,7 +65,7 @@ def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
 
 
 def _warn(message: str, stacklevel: int = 3) -> None:
-    warnings.warn(f"MemPlanCallback: {message}", PlanWarning, stacklevel=stacklevel + 1)
+    warnings.warn(f"MemPlanCallback: {message}", MemPlanWarning, stacklevel=stacklevel + 1)
 
 
 def _key(plan: MemPlan) -> tuple[Any, ...]:
@@ -319,7 +319,7 @@ class PlanController:
         self.active = None
         self._unwrap()
         warnings.warn(f"MemPlanCallback: {reason}. Training goes on with the module uncompiled.",
-                      PlanWarning, stacklevel=4)
+                      MemPlanWarning, stacklevel=4)
 
     def _install_soon(self, plan: MemPlan) -> None:
         """Install ``plan`` now, or, when the forward runs collectives (FSDP, tensor parallelism),
@@ -414,7 +414,7 @@ class PlanController:
             then = ("the closed loop re-plans if the measured peak exceeds it" if self.may_replan() else
                     "the closed loop has re-planned once already: reduce the batch or raise max_memory")
             warnings.warn(f"{note} That exceeds max_memory {format_bytes(max_memory)}; {then}.",
-                          PlanWarning, stacklevel=5)
+                          MemPlanWarning, stacklevel=5)
         elif parts:
             rank_zero_info(note)
 

@@ -36,14 +36,11 @@ from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.called_modules import CallWatch, ModuleCall, also_called
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.planner.settings import resolve_submodule
 
 __all__ = ["MemPlanCallback", "MemPlanWarning"]
-
-MemPlanWarning = PlanWarning
-"""Planning fell back or changed course; training goes on."""
 
 
 class MemPlanCallback(Callback):
@@ -78,8 +75,11 @@ class MemPlanCallback(Callback):
             solver it was chosen with.
         checkpoint: blocks the search may wrap in activation checkpointing: ``"auto"`` (the model's
             repeated blocks), a set of module classes, or ``None``. Only used with ``budget="auto"``.
-        backend: ``"inductor"`` (default) or ``"aot_eager"`` (inductor's partitioner without code
-            generation).
+        backend: the backend the plan is compiled with. ``"auto"`` (default): ``"inductor"`` when the
+            Trainer runs on CUDA, ``"aot_eager"`` on CPU and other devices (the same partitioner, so the
+            same plan and activation memory, with eager kernels: inductor builds C++ for every graph
+            on a CPU, over a minute for a small model), said at fit start; ``"inductor"`` or
+            ``"aot_eager"`` to choose.
         candidate_budgets: budgets the search tries with each checkpoint set.
         remat_budgets: budgets of the whole-graph rematerialization plans (solver ``"remat"``) the
             search tries besides; ``()`` for none.
@@ -155,7 +155,7 @@ class MemPlanCallback(Callback):
         max_memory: int | str | None = None,
         solver: str | Callable[..., Any] = "dp",
         checkpoint: CheckpointPolicy = "auto",
-        backend: Literal["inductor", "aot_eager"] = "inductor",
+        backend: Literal["auto", "inductor", "aot_eager"] = "auto",
         candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
         search_backend: Literal["inductor", "aot_eager"] = "aot_eager",
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
@@ -174,6 +174,8 @@ class MemPlanCallback(Callback):
             plan=plan, replan=replan, measure_batches=measure_batches, log_plots=log_plots,
             compile_kwargs=compile_kwargs, verbose=verbose, submodule=submodule,
             forecast_new_shapes=forecast_new_shapes)
+        #: the arguments as given (``backend="auto"`` unresolved); ``_options`` holds them for this fit's device
+        self._given = self._options
         self._settings = self._options.settings
         self._measure_batches = measure_batches
         #: Measured peak (bytes above the batch's starting bytes) of each measured batch, per epoch.
@@ -271,6 +273,12 @@ class MemPlanCallback(Callback):
         from lightning_memplan._torch.version import check_torch_version
 
         check_torch_version()
+        self._options = self._given.on_device(trainer.strategy.root_device)
+        self._settings = self._options.settings
+        if self._given.settings.backend == "auto" and self._options.verbose:
+            rank_zero_info(f"MemPlan: compiling with backend {self._settings.backend!r} on "
+                           f"{trainer.strategy.root_device.type} (backend='auto': 'inductor' on CUDA, 'aot_eager' "
+                           "elsewhere; pass backend='inductor' for inductor's kernels).")
         self._fit = FitParts(TrainerView(trainer, pl_module), self._measure_batches, self._options.verbose)
         self.measured, self.measured_shapes = [], []
         submodule = self._options.submodule
@@ -449,9 +457,9 @@ class MemPlanCallback(Callback):
             predicted = max_over_ranks(trainer.strategy, predicted)
             complete = max_over_ranks(trainer.strategy, 0 if complete else 1) == 0
         metrics = reporter.epoch_metrics(plan, predicted, complete, measured)
-        if metrics:
+        if metrics:  # with the epoch, as Lightning's own rows have it (metrics.csv's `epoch` column)
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+                logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step)
         if self._options.verbose:
             other = {sig for sig in sigs if sig is not None and sig != fit.shapes.planned}
             rank_zero_info(reporter.epoch_line(trainer.current_epoch, metrics, len(other)))

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
 from lightning_memplan.planner.settings import PlanSettings, check_submodule
@@ -29,6 +31,10 @@ class CallbackOptions:
     verbose: bool
     submodule: str | None
     forecast_new_shapes: bool
+
+    def on_device(self, device: torch.device | str) -> CallbackOptions:
+        """These options for a fit on ``device`` (``backend="auto"`` resolved: see ``PlanSettings.on_device``)."""
+        return dataclasses.replace(self, settings=self.settings.on_device(device))
 
 
 def callback_options(

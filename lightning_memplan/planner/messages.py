@@ -1,7 +1,7 @@
 """The planner's warnings: what of the forward a plan does not reach, and steps it covers in part.
 
 Each function returns the message text without a prefix (the caller issues it as
-:class:`PlanWarning`, prefixed with its own name: ``f"{call}: {message}"``), or nothing when there
+:class:`MemPlanWarning`, prefixed with its own name: ``f"{call}: {message}"``), or nothing when there
 is nothing to say.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ from lightning_memplan._torch.dynamo import dynamo_allows_rnn
 if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
-__all__ = ["PlanWarning", "eager_forward_warning", "several_backwards_warning", "uncompiled_warnings"]
+__all__ = ["MemPlanWarning", "eager_forward_warning", "several_backwards_warning", "uncompiled_warnings"]
 
 
-class PlanWarning(UserWarning):
+class MemPlanWarning(UserWarning):
     """Planning fell back or changed course; training goes on."""
 
 

@@ -8,11 +8,13 @@ the Trainer.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from lightning_memplan.plan import MemPlan
@@ -20,7 +22,7 @@ from lightning_memplan.planner.checkpointing import CheckpointPolicy, _policy_cl
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.units import parse_bytes
 
-__all__ = ["PlanSettings", "check_submodule", "plan_solver", "resolve_submodule"]
+__all__ = ["PlanSettings", "auto_backend", "check_submodule", "plan_solver", "resolve_submodule"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +36,8 @@ class PlanSettings:
     solver_name: str
     checkpoint: Any
     """None, ``"auto"`` or a frozenset of module classes."""
-    backend: Literal["inductor", "aot_eager"]
+    backend: Literal["auto", "inductor", "aot_eager"]
+    """The backend the plan is compiled with; ``"auto"`` until :meth:`on_device` resolves it."""
     candidate_budgets: tuple[float, ...]
     search_backend: Literal["inductor", "aot_eager"]
     remat_budgets: tuple[float, ...] = DEFAULT_REMAT_BUDGETS
@@ -49,7 +52,7 @@ class PlanSettings:
         max_memory: int | str | None = None,
         solver: str | Callable[..., Any] = "dp",
         checkpoint: CheckpointPolicy = "auto",
-        backend: str = "inductor",
+        backend: str = "auto",
         candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
         search_backend: str = "aot_eager",
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
@@ -82,11 +85,41 @@ class PlanSettings:
         return cls(
             budget=budget, max_memory=max_bytes, solver=solver,
             solver_name=solver if isinstance(solver, str) else f"custom:{name}",
-            checkpoint=checkpoint, backend=check_inner(backend, call, "backend"),
+            checkpoint=checkpoint, backend=_check_backend(backend, call),
             candidate_budgets=tuple(check_budget(b, call) for b in cands),
             search_backend=check_inner(search_backend, call, "search_backend"),
             remat_budgets=remat,
         )
+
+
+    def on_device(self, device: torch.device | str) -> PlanSettings:
+        """These settings for a step on ``device``: ``backend="auto"`` becomes ``"inductor"`` on CUDA
+        and ``"aot_eager"`` elsewhere (see :func:`auto_backend`); an explicit backend is kept."""
+        if self.backend != "auto":
+            return self
+        return dataclasses.replace(self, backend=auto_backend(device))
+
+
+def _check_backend(backend: object, call: str) -> Literal["auto", "inductor", "aot_eager"]:
+    from lightning_memplan.forecasting.validate import INNER_BACKENDS, check_inner
+
+    if isinstance(backend, str) and backend == "auto":
+        return "auto"
+    try:
+        return check_inner(backend, call, "backend")
+    except ValueError:
+        allowed = ", ".join(repr(b) for b in INNER_BACKENDS)
+        raise ValueError(f"`{call}(backend={backend!r})` is not a supported backend. Expected 'auto' (inductor on "
+                         f"CUDA, aot_eager elsewhere) or one of {allowed}.") from None
+
+
+def auto_backend(device: torch.device | str) -> Literal["inductor", "aot_eager"]:
+    """The backend ``backend="auto"`` compiles with on ``device``: ``"inductor"`` on CUDA (its fused
+    kernels are what users compile for there); ``"aot_eager"`` on every other device, where inductor
+    generates and builds C++ for each graph (over a minute for a small model on a CPU) while
+    ``aot_eager`` runs the same partitioner, so the same plan and the same activation memory, with
+    eager kernels."""
+    return "inductor" if torch.device(device).type == "cuda" else "aot_eager"
 
 
 def plan_solver(settings: PlanSettings, plan: MemPlan) -> str | Callable[..., Any]:

@@ -76,6 +76,7 @@ def test_fixed_budget_compiles_logs_and_restores(tmp_path: Path) -> None:
     assert cb.forward_calls_per_step == 1
     rows = [r for r in _metrics(trainer) if r.get("memplan/budget")]
     assert len(rows) == 2  # one per epoch
+    assert [r["epoch"] for r in rows] == ["0", "1"]  # the epoch column filled, as Lightning's own rows have it
     assert KEYS <= {k for k, v in rows[-1].items() if v != ""}
     predicted = float(rows[-1]["memplan/predicted_peak_bytes"])
     measured = float(rows[-1]["memplan/measured_peak_bytes"])
@@ -88,6 +89,17 @@ def test_fixed_budget_compiles_logs_and_restores(tmp_path: Path) -> None:
     # the timeline picture exists
     png = Path(trainer.logger.log_dir) / "memplan" / "timeline.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_default_backend_on_cpu_is_aot_eager_and_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # backend="auto" (the default): inductor on CUDA, aot_eager on a CPU Trainer; an explicit one is kept
+    cb = MemPlanCallback(0.5, measure_batches=1, log_plots=False)
+    with caplog.at_level("INFO"):
+        _trainer(tmp_path / "a", cb, epochs=1, limit_train_batches=2).fit(TinyNet())
+    assert cb.plan is not None and cb.plan.backend == "aot_eager" and cb.fallback_reason is None
+    assert "compiling with backend 'aot_eager' on cpu (backend='auto'" in caplog.text
+    with pytest.raises(ValueError, match=r"backend='nope'.*Expected 'auto'"):
+        MemPlanCallback(backend="nope")  # type: ignore[arg-type]
 
 
 def test_a_second_fit_with_the_same_callback_plans_and_forecasts_again(tmp_path: Path) -> None:

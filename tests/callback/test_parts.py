@@ -21,7 +21,7 @@ from lightning_memplan.callback.shapes import ShapeTracker
 from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.plan import Candidate, MemPlan
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.step_model import call_signature
 
 pytestmark = pytest.mark.unit
@@ -159,7 +159,7 @@ def test_the_recompile_watch_reports_new_graphs_and_warns_once_for_a_dynamic_one
     backend.compiles += [CompileRecord(input_shapes=((2, 8),), dynamic=False, training=True),
                          CompileRecord(input_shapes=((2, 8),), dynamic=False, training=False),
                          CompileRecord(input_shapes=((3, 8),), dynamic=True, training=True)]
-    with pytest.warns(PlanWarning, match=r"batch 7 compiled a dynamic-shape graph"):
+    with pytest.warns(MemPlanWarning, match=r"batch 7 compiled a dynamic-shape graph"):
         watch.check(7)
     assert [r.input_shapes for r in watch.recompiles] == [((2, 8),), ((3, 8),)]  # training graphs only
     with warnings.catch_warnings():
