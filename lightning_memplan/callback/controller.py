@@ -226,7 +226,7 @@ class PlanController:
         without searching), forecast it and install it (``plan_step``'s first part). Never raises."""
         self.example = (args, kwargs)
         restored = self._restored()
-        given = restored if restored is not None else self._o.user_plan
+        given = self._o.user_plan if self._o.user_plan is not None else restored  # plan= wins (given_plan)
         t0 = time.perf_counter()
         decided: list[float] = []
 

@@ -12,18 +12,9 @@ from lightning_memplan.core.instance_patch import instance_attributes
 from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.precompiled import compiled_by_user
 
-__all__ = ["ForwardPatch", "has_submodule"]
+__all__ = ["ForwardPatch"]
 
 _MISSING = object()
-
-
-def has_submodule(module: nn.Module, path: str) -> bool:
-    """Whether ``module.get_submodule(path)`` finds a module."""
-    try:
-        module.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
 
 
 class ForwardPatch:

@@ -22,7 +22,8 @@ from lightning_memplan.planner.checkpointing import CheckpointPolicy, _policy_cl
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.units import parse_bytes
 
-__all__ = ["PlanSettings", "auto_backend", "check_submodule", "plan_solver", "resolve_submodule"]
+__all__ = ["PlanSettings", "auto_backend", "check_submodule", "has_submodule", "plan_solver",
+           "resolve_submodule"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +139,15 @@ def check_submodule(path: str | None, call: str) -> str | None:
         raise ValueError(f"`{call}(submodule={path!r})` must be None or a module path of the "
                          "LightningModule such as 'model', 'model.backbone' or 'model.layers.0'.")
     return path
+
+
+def has_submodule(module: nn.Module, path: str) -> bool:
+    """Whether ``module.get_submodule(path)`` finds a module."""
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def resolve_submodule(module: nn.Module, path: str | None, call: str) -> nn.Module:

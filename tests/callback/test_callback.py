@@ -327,11 +327,34 @@ def test_resume_takes_the_checkpoint_plan(tmp_path: Path) -> None:
     ck = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     first = MemPlanCallback(0.5, backend="aot_eager")
     _trainer(tmp_path, first, epochs=1, callbacks=[ck], enable_checkpointing=True).fit(TinyNet())
-    second = MemPlanCallback(0.3, backend="aot_eager")
-    trainer = _trainer(tmp_path, second, epochs=2)
-    with pytest.warns(MemPlanWarning, match=r"budget=0.3\)` differs from the plan in the checkpoint \(budget 0.5\)"):
-        trainer.fit(TinyNet(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    last = str(tmp_path / "ckpt" / "last.ckpt")
+    # budget= and max_memory= given: the checkpoint's plan wins, and each says so
+    second = MemPlanCallback(0.3, max_memory="1GiB", backend="aot_eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path / "b", second, epochs=2).fit(TinyNet(), ckpt_path=last)
+    said = [str(w.message) for w in caught if w.category is MemPlanWarning]
+    assert any(m.startswith("`MemPlanCallback(budget=0.3)` differs from the checkpoint's plan (budget 0.5, solver "
+                            "'dp'); resuming with the checkpoint's plan") for m in said), said
+    assert any("`MemPlanCallback(max_memory=1.00 GiB)`: resuming with the checkpoint's plan" in m and
+               "is within it" in m for m in said), said
     assert second.plan.budget == 0.5
+    # plan= given: it wins over the checkpoint's plan, and says so
+    third = MemPlanCallback(plan=MemPlan(budget=0.2, solver="dp"), backend="aot_eager")
+    with pytest.warns(MemPlanWarning, match=r"differs from the checkpoint's plan .*; resuming with `plan=`, as given"):
+        _trainer(tmp_path / "c", third, epochs=2).fit(TinyNet(), ckpt_path=last)
+    assert third.plan.budget == 0.2 and third.fallback_reason is None
+
+
+def test_a_plan_file_with_a_block_the_model_lacks_stops_before_training(tmp_path: Path) -> None:
+    path = MemPlan(budget=0.5, solver="dp", checkpoint=("blocks.7",)).save(tmp_path / "plan.json")
+    model = TinyNet()
+    steps: list[int] = []
+    model.training_step = lambda batch, i, _step=model.training_step: steps.append(i) or _step(batch, i)
+    with pytest.raises(ValueError, match=r"`MemPlanCallback\(plan=\.\.\.\)`: the plan checkpoints \['blocks\.7'\], "
+                                         r"which TinyNet or any of its submodules does not have"):
+        _trainer(tmp_path, MemPlanCallback(plan=str(path), backend="aot_eager"), epochs=1).fit(model)
+    assert steps == []  # before the first training step
 
 
 def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from lightning_memplan.callback.compile_watch import CompileRecord
 from lightning_memplan.callback.first_batch import FirstBatchProfile, held_returned
-from lightning_memplan.callback.forward_patch import ForwardPatch, has_submodule
+from lightning_memplan.callback.forward_patch import ForwardPatch
 from lightning_memplan.callback.options import callback_options
 from lightning_memplan.callback.peak_meter import PeakMeter
 from lightning_memplan.callback.phase import FitProgress, Phase
@@ -22,6 +22,8 @@ from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.plan import Candidate, MemPlan
 from lightning_memplan.planner.messages import MemPlanWarning
+from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
+from lightning_memplan.planner.settings import has_submodule
 from lightning_memplan.planner.step_model import call_signature
 
 pytestmark = pytest.mark.unit
@@ -212,6 +214,69 @@ def test_good_callback_arguments_are_kept() -> None:
     options = _options(plan=plan, compile_kwargs={"mode": "default"}, max_memory="1KiB")
     assert options.user_plan is plan and options.compile_kwargs == {"mode": "default"}
     assert options.settings.max_memory == 1024 and options.measure_batches == 2
+
+
+def test_search_arguments_beside_a_plan_are_said_to_be_unused() -> None:
+    # plan= is used as it is: budget=, max_memory= (and solver=, ...) given beside it are named
+    defaults = dict(checkpoint="auto", candidate_budgets=DEFAULT_BUDGETS, remat_budgets=DEFAULT_REMAT_BUDGETS)
+    options = _options(plan=_plan(), max_memory="1KiB", **defaults)
+    assert options.notes == ("`MemPlanCallback(plan=...)` is used as it is (no search), so budget=0.5, "
+                             "max_memory='1KiB' are not used. Drop `plan=` to search with them.",)
+    assert _options(plan=_plan(), budget="auto", **defaults).notes == ()
+    assert _options(budget=0.5, max_memory="1KiB").notes == ()  # no plan: nothing overrides them
+
+    def mine(memory: list[float], runtimes: list[float], max_memory: float) -> Any:
+        raise AssertionError
+
+    custom = _plan(solver="custom:mine")
+    assert _options(plan=custom, solver=mine, budget="auto", **defaults).notes == ()  # the plan's own solver
+    assert "solver=<function" in _options(plan=_plan(), solver=mine, budget="auto", **defaults).notes[0]
+
+
+@pytest.mark.parametrize(("solver", "match"), [
+    ("nope", r"`MemPlanCallback\(plan='.*p\.json'\)`: the plan names the solver 'nope', which is not known\. "
+             r"Expected one of 'greedy', 'dp'"),
+    ("custom:mine", r"made with the custom solver 'mine'; pass that function as `solver=`"),
+])
+def test_a_plan_file_naming_a_solver_that_cannot_run_is_refused(tmp_path: Any, solver: str, match: str) -> None:
+    path = _plan(solver=solver).save(tmp_path / "p.json")
+    with pytest.raises(ValueError, match=match):
+        _options(plan=str(path), budget="auto")
+
+
+def test_a_plan_checkpointing_blocks_the_model_lacks_is_refused() -> None:
+    from lightning_memplan.planner.given_plan import check_plan_blocks
+
+    lit = nn.Module()
+    lit.model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    check_plan_blocks(_plan(checkpoint=("1",)), lit, "src")  # lit.model has a block "1"
+    check_plan_blocks(_plan(checkpoint=("model.1",)), lit, "src")  # lit itself has "model.1"
+    check_plan_blocks(_plan(checkpoint=()), lit, "src")
+    with pytest.raises(ValueError, match=r"^src: the plan checkpoints \['blocks\.0'\], which Module or any of its "
+                                         r"submodules does not have \(its children: \['model'\]\)"):
+        check_plan_blocks(_plan(checkpoint=("blocks.0",)), lit, "src")
+    with pytest.raises(ValueError, match=r"checkpoints \['model\.1'\], which Sequential does not have"):
+        check_plan_blocks(_plan(checkpoint=("model.1",)), lit, "src", planned=lit.model)
+
+
+def test_resume_conflicts_say_which_wins() -> None:
+    from lightning_memplan.planner.given_plan import resume_conflicts
+
+    restored = _plan(budget=0.5, solver="dp", checkpoint=())
+    same = dict(user_plan=None, budget="auto", solver_name="dp", max_memory=None)
+    assert resume_conflicts("CB", restored, **same) == []
+    [budget] = resume_conflicts("CB", restored, **{**same, "budget": 0.3})
+    assert budget.startswith("`CB(budget=0.3)` differs from the checkpoint's plan (budget 0.5, solver 'dp'); resuming "
+                             "with the checkpoint's plan")
+    [solver] = resume_conflicts("CB", restored, **{**same, "solver_name": "greedy"})
+    assert "`CB(solver='greedy')` differs" in solver and "pass `CB(plan=MemPlan(...))`" in solver
+    [fits] = resume_conflicts("CB", restored, **{**same, "max_memory": 2000})
+    assert "not searching against max_memory (its forecast 1.27 KiB is within it)" in fits
+    [over] = resume_conflicts("CB", restored, **{**same, "max_memory": 1000})
+    assert "is OVER it" in over
+    [given] = resume_conflicts("CB", restored, **{**same, "user_plan": _plan(budget=0.2, checkpoint=())})
+    assert given.endswith("resuming with `plan=`, as given.")
+    assert resume_conflicts("CB", restored, **{**same, "user_plan": _plan(checkpoint=(), reason="other")}) == []
 
 
 # ---------------------------------------------------------------------------- reporter
