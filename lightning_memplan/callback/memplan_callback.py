@@ -206,6 +206,11 @@ class MemPlanCallback(Callback):
         return self._fit.plans.fallback_reason if self._fit.plans is not None else None
 
     @property
+    def fallback_error(self) -> BaseException | None:
+        """The error that made the callback fall back, with its whole chain (``None`` while it did not)."""
+        return self._fit.plans.fallback_error if self._fit.plans is not None else None
+
+    @property
     def timings(self) -> dict[str, float]:
         """Seconds the plan decision took (search included) and the final compile + forecast took."""
         return self._fit.plans.timings if self._fit.plans is not None else {}

@@ -59,7 +59,7 @@ class PlanSettings:
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""
-        from lightning_memplan.forecasting.validate import check_budget, check_inner, resolve_solver
+        from lightning_memplan.forecasting.validate import check_budget, check_budgets, check_inner, resolve_solver
 
         if isinstance(budget, str):
             if budget != "auto":
@@ -72,22 +72,21 @@ class PlanSettings:
         else:
             budget = check_budget(budget, call)
         max_bytes = None if max_memory is None else parse_bytes(max_memory, argument="max_memory")
+        if max_bytes == 0:
+            raise ValueError(f"`{call}(max_memory={max_memory!r})` leaves no memory to train in. Expected a positive "
+                             "byte size such as '20GiB', or None for no limit.")
         name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
+        if isinstance(checkpoint, (set, frozenset, list, tuple)) and not checkpoint:
+            checkpoint = None  # an empty set of block classes: checkpoint nothing
         if checkpoint is not None and checkpoint != "auto":
             checkpoint = frozenset(_policy_classes(checkpoint))
-        try:  # a number is not iterable (TypeError); a string iterates into non-budgets (ValueError)
-            remat = tuple(check_budget(b, call) for b in remat_budgets)
-        except (TypeError, ValueError):
-            raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1] "
-                             "(empty for none).") from None
-        cands = tuple(candidate_budgets)
-        if not cands:
-            raise ValueError(f"`{call}(candidate_budgets={candidate_budgets!r})` is empty. Expected budgets in [0, 1].")
+        remat = check_budgets(remat_budgets, call, "remat_budgets")
+        cands = check_budgets(candidate_budgets, call, "candidate_budgets", empty=False)
         return cls(
             budget=budget, max_memory=max_bytes, solver=solver,
             solver_name=solver if isinstance(solver, str) else f"custom:{name}",
             checkpoint=checkpoint, backend=_check_backend(backend, call),
-            candidate_budgets=tuple(check_budget(b, call) for b in cands),
+            candidate_budgets=cands,
             search_backend=check_inner(search_backend, call, "search_backend"),
             remat_budgets=remat,
         )

@@ -156,6 +156,8 @@ def test_logger_false_still_plans(tmp_path: Path) -> None:
 
 def test_compile_failure_falls_back_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import lightning_memplan.forecasting.backend as comp
+    import lightning_memplan.forecasting.grid
+    import lightning_memplan.forecasting.step_forecast  # noqa: F401 - they bind the real one before the patch
 
     def broken_backend(**kw: Any) -> Any:
         def backend(gm: Any, example_inputs: Any) -> Any:
@@ -166,9 +168,15 @@ def test_compile_failure_falls_back_and_training_goes_on(tmp_path: Path, monkeyp
     monkeypatch.setattr(comp, "memplan_backend", broken_backend)
     model = TinyNet()
     cb = MemPlanCallback(0.5, backend="aot_eager")
-    with pytest.warns(MemPlanWarning, match=r"compiling the planned forward failed: .*codegen exploded.*uncompiled"):
+    with pytest.warns(MemPlanWarning) as record:
         _trainer(tmp_path, cb, epochs=1).fit(model)
+    [said] = [str(w.message) for w in record if "uncompiled" in str(w.message)]
+    # the root cause's type and first line, not torch's nested reprs; the whole chain on an attribute
+    assert said == ("MemPlanCallback: compiling the planned forward failed: BackendCompilerFailed <- RuntimeError: "
+                    "codegen exploded. Training goes on with the module uncompiled (the whole error: "
+                    "callback.fallback_error).")
     assert cb.fallback_reason is not None and "codegen exploded" in cb.fallback_reason
+    assert type(cb.fallback_error).__name__ == "BackendCompilerFailed"
     assert "forward" not in model.__dict__
 
 
@@ -357,6 +365,17 @@ def test_a_plan_file_with_a_block_the_model_lacks_stops_before_training(tmp_path
     assert steps == []  # before the first training step
 
 
+def test_quiet_callback_over_max_memory_says_the_forecast_plainly(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.5, max_memory="1KiB", verbose=False, backend="aot_eager", log_plots=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, cb, epochs=1, logger=False).fit(TinyNet())
+    said = [str(w.message) for w in caught if w.category is MemPlanWarning]
+    assert any(m.startswith("MemPlanCallback: Forecast now ") and "That exceeds max_memory 1.00 KiB" in m
+               for m in said), said
+    assert not any(m.startswith("MemPlanCallback: .") for m in said), said
+
+
 def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -> None:
     cb = MemPlanCallback("auto", max_memory="1KiB", backend="aot_eager", candidate_budgets=(1.0, 0.1),
                          checkpoint=None)
@@ -370,6 +389,15 @@ def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -
     assert cb.fallback_reason is None
 
 
+def test_numpy_scalars_and_an_empty_checkpoint_set_are_taken_as_meant() -> None:
+    np = pytest.importorskip("numpy")
+    s = MemPlanCallback(np.float32(0.5), max_memory=np.int64(2**30), checkpoint=set())._settings
+    assert (s.budget, type(s.budget), s.max_memory, s.checkpoint) == (0.5, float, 2**30, None)
+    s = MemPlanCallback(candidate_budgets=np.array([1.0, 0.5]), remat_budgets=[np.float64(0.25)])._settings
+    assert (s.candidate_budgets, s.remat_budgets) == ((1.0, 0.5), (0.25,))
+    assert MemPlanCallback(checkpoint=[])._settings.checkpoint is None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -381,9 +409,13 @@ def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -
         (dict(backend="tvm"), r"`MemPlanCallback\(backend='tvm'\)` is not a supported backend"),
         (dict(measure_batches=0), r"`MemPlanCallback\(measure_batches=0\)` must be an int >= 1"),
         (dict(candidate_budgets=()), r"`MemPlanCallback\(candidate_budgets=\(\)\)` is empty"),
-        (dict(remat_budgets=0.5), r"`MemPlanCallback\(remat_budgets=0.5\)` must be a sequence of budgets"),
-        (dict(remat_budgets=(1.2,)), r"`MemPlanCallback\(remat_budgets=\(1.2,\)\)` must be a sequence of budgets in \[0, 1\]"),
+        (dict(remat_budgets=0.5), r"`MemPlanCallback\(remat_budgets=0.5\)` is not valid\. Expected a sequence of budgets"),
+        (dict(remat_budgets=(1.2,)), r"`MemPlanCallback\(remat_budgets=\(1.2,\)\)`: 1.2 is not a valid activation memory "
+                                     r"budget\. Expected a sequence of budgets in \[0\.0, 1\.0\]"),
+        (dict(candidate_budgets=(1.5,)), r"^`MemPlanCallback\(candidate_budgets=\(1.5,\)\)`: 1.5 is not a valid"),
         (dict(plan="nope.json"), r"`MemPlanCallback\(plan='nope.json'\)`: no such file"),
+        (dict(max_memory=0), r"^`MemPlanCallback\(max_memory=0\)` leaves no memory to train in\. Expected a positive"),
+        (dict(max_memory="0B"), r"^`MemPlanCallback\(max_memory='0B'\)` leaves no memory to train in"),
         (dict(compile_kwargs={"backend": "eager"}), r"set the backend with `backend=`"),
     ],
 )

@@ -279,6 +279,24 @@ def test_resume_conflicts_say_which_wins() -> None:
     assert resume_conflicts("CB", restored, **{**same, "user_plan": _plan(checkpoint=(), reason="other")}) == []
 
 
+def test_error_summary_is_the_root_cause_in_one_line() -> None:
+    from lightning_memplan.planner.messages import error_summary
+
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise RuntimeError("outer\nsecond line") from inner
+    except RuntimeError as exc:
+        assert error_summary(exc) == "RuntimeError <- KeyError: 'inner'"
+    assert error_summary(ValueError("a\n  b")) == "ValueError: a"
+    assert error_summary(ValueError()) == "ValueError"
+    assert error_summary(ValueError("x" * 500), limit=20) == "ValueError: xxxxx..."
+    wrapped = RuntimeError("backend='memplan' raised:")
+    wrapped.inner_exception = TypeError("bad graph\nmore")  # type: ignore[attr-defined]  # torch's wrapper
+    assert error_summary(wrapped) == "RuntimeError <- TypeError: bad graph"
+
+
 # ---------------------------------------------------------------------------- reporter
 def test_the_epoch_metrics_and_their_error() -> None:
     plan = _plan()
