@@ -314,4 +314,24 @@ def test_the_plan_table_names_the_knee_and_the_decision_time() -> None:
     cands = (Candidate(budget=1.0, peak_bytes=2000, cost=1.0), Candidate(budget=0.5, peak_bytes=1000, cost=2.0))
     text = plan_table(_plan(candidates=cands, knee=1, chosen=1),
                       {"decide_seconds": 2.0, "install_seconds": 4.0})
-    assert "knee" in text and "budget 0.5" in text and "ratio 0.50" in text and "blocks.0" in text
+    assert "knee" in text and "budget 0.5" in text and "the search took 0.5x one compile" in text and "blocks.0" in text
+    # the choice in plain words, against no plan and against the least memory
+    assert "budget 0.5: 1000 B, 50% less than no plan's 1.95 KiB, for +100% estimated compute" in text
+    noted = plan_table(_plan(notes=("region 0: solver not called (budget_1)",)), {})
+    assert "region 0: solver not called (budget 1: torch's fastest choice of what to save is kept" in noted
+
+
+def test_the_trade_off_names_both_ends_of_the_search() -> None:
+    cands = (Candidate(budget=1.0, peak_bytes=4 * 2**20, cost=10.0),
+             Candidate(budget=0.5, checkpoint=("b.0",), peak_bytes=3 * 2**20, cost=11.0),
+             Candidate(budget=0.1, checkpoint=("b.0", "b.1"), peak_bytes=2**20, cost=15.0))
+    assert _plan(candidates=cands, chosen=1).trade_off() == (
+        "budget 0.5 with 1 block checkpointed: 3.00 MiB, 25% less than no plan's 4.00 MiB, for +10% estimated "
+        "compute; the least memory, budget 0.1 with 2 blocks checkpointed, would be 1.00 MiB, 75% less than no "
+        "plan's 4.00 MiB, for +50% estimated compute")
+    assert _plan(candidates=cands, chosen=0).trade_off().startswith(
+        "no plan (budget 1, nothing recomputed): 4.00 MiB of step peak at the least compute; the least memory")
+    assert _plan(candidates=cands, chosen=2).trade_off().endswith("for +50% estimated compute")
+    assert "the least memory" not in _plan(candidates=cands, chosen=2).trade_off()
+    assert _plan(candidates=cands[1:], chosen=0).trade_off() is None  # no budget-1 plan to compare with
+    assert _plan().trade_off() is None  # no search
