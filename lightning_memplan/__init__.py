@@ -9,7 +9,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Forecast", "MemPlanCallback", "__version__", "forecast", "measure_peak"]
+__all__ = ["Forecast", "MemPlanCallback", "MemPlanWarning", "__version__", "forecast", "measure_peak"]
 
 # torch-backed entry points load on first use, so the pure packages import without torch
 # (the module is `forecasting`, not `forecast`: a submodule would shadow the function)
@@ -18,6 +18,7 @@ _LAZY = {
     "forecast": "lightning_memplan.forecasting.step_forecast",
     "measure_peak": "lightning_memplan.measure",
     "MemPlanCallback": "lightning_memplan.callback.memplan_callback",
+    "MemPlanWarning": "lightning_memplan.planner.messages",
 }
 
 

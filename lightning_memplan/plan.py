@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lightning_memplan.units import format_bytes
+
 __all__ = ["Candidate", "MemPlan"]
 
 PLAN_FORMAT = 1
@@ -43,6 +45,13 @@ class Candidate:
             return f"remat {self.budget:g}"
         ck = f", {len(self.checkpoint)} ckpt" if self.checkpoint else ""
         return f"budget {self.budget:g}{ck}"
+
+
+def _in_words(c: Candidate) -> str:
+    if c.solver == "remat":
+        return f"whole-graph rematerialization at budget {c.budget:g}"
+    blocks = len(c.checkpoint)
+    return f"budget {c.budget:g}" + (f" with {blocks} block{'s' if blocks > 1 else ''} checkpointed" if blocks else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +96,36 @@ class MemPlan:
                 raise ValueError(
                     f"`MemPlan({name}={idx!r})` must index `candidates` (0..{len(self.candidates) - 1})."
                 )
+
+    def trade_off(self) -> str | None:
+        """The choice in plain words, against the two ends of the search: no plan (budget 1, nothing
+        checkpointed: the least compute) and the plan forecast to need the least memory. Memory is
+        the forecast peak of a step above the baseline; compute the estimated FLOPs of the compiled
+        forward and backward, recomputation included. ``None`` when no search ran or either end, or
+        the choice, lacks a forecast."""
+        if self.chosen is None:
+            return None
+        known = [c for c in self.candidates if c.peak_bytes is not None and c.cost is not None]
+        base = next((c for c in known if c.budget == 1.0 and not c.checkpoint and not c.solver), None)
+        chosen = self.candidates[self.chosen]
+        if base is None or chosen not in known or not base.peak_bytes or not base.cost:
+            return None
+        least = min(known, key=lambda c: (c.peak_bytes, c.cost))
+
+        def vs_base(c: Candidate) -> str:
+            saved = 1 - c.peak_bytes / base.peak_bytes  # type: ignore[operator]
+            more = c.cost / base.cost - 1  # type: ignore[operator]
+            side = "less" if saved >= 0 else "more"
+            return (f"{format_bytes(c.peak_bytes)}, {abs(100 * saved):.0f}% {side} than no plan's {format_bytes(base.peak_bytes)}, "
+                    f"for {100 * more:+.0f}% estimated compute")
+
+        if chosen is base:
+            text = f"no plan (budget 1, nothing recomputed): {format_bytes(base.peak_bytes)} of step peak at the least compute"
+        else:
+            text = f"{_in_words(chosen)}: {vs_base(chosen)}"
+        if least is not chosen:
+            text += f"; the least memory, {_in_words(least)}, would be {vs_base(least)}"
+        return text
 
     # ----------------------------------------------------------------------------- JSON
 

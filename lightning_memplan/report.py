@@ -62,10 +62,6 @@ def plot_frontier(
     xs = [p.peak_bytes / mib for p in points]
     ys = [p.cost for p in points]
     ax.scatter(xs, ys, s=18, color="0.65", label="candidate plans", zorder=2)
-    if annotate:
-        for k, p in enumerate(points):  # alternate offsets: near-equal plans sit on top of each other
-            ax.annotate(p.label, (xs[k], ys[k]), textcoords="offset points",
-                        xytext=(5, 4 if k % 2 == 0 else -10), fontsize=7, color="0.35")
     front = pareto_indices(points, cost_rel_tol=cost_rel_tol)
     ax.plot([xs[i] for i in front], [ys[i] for i in front], "-o", color="tab:blue", ms=4,
             label="Pareto front", zorder=3)
@@ -83,8 +79,40 @@ def plot_frontier(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
+    ax.margins(x=0.15, y=0.08)  # room for the labels at the ends
     fig.tight_layout()
+    if annotate:
+        _label_points(ax, xs, ys, [p.label for p in points])
     return fig
+
+
+#: Label offsets tried in turn (points, from the marker): right, left, then further up and down.
+_OFFSETS = ((5, 3), (5, -9), (-5, 3), (-5, -9), (5, 11), (5, -17), (-5, 11), (-5, -17), (5, 19), (5, -25))
+
+
+def _label_points(ax: Axes, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str],
+                  fontsize: float = 7) -> None:
+    """Label each point at the first offset of :data:`_OFFSETS` whose text box (estimated from the
+    label's length, in display pixels) overlaps no label placed before; the last offset when all
+    do. Points are labelled left to right, so equal plans stack their labels."""
+    fig = ax.figure
+    px = fig.dpi / 72  # display pixels per point
+    w_char, h = 0.6 * fontsize * px, 1.2 * fontsize * px
+    placed: list[tuple[float, float, float, float]] = []
+    mid = ax.transAxes.transform((0.5, 0.5))[0]
+    for k in sorted(range(len(xs)), key=lambda i: (xs[i], ys[i])):
+        x0, y0 = ax.transData.transform((xs[k], ys[k]))
+        width = w_char * len(labels[k])
+        # right of the marker in the left half, left of it in the right half (inside the axes)
+        offsets = _OFFSETS if x0 <= mid else tuple((-dx, dy) for dx, dy in _OFFSETS)
+        for dx, dy in offsets:
+            left = x0 + dx * px if dx > 0 else x0 + dx * px - width
+            box = (left, y0 + dy * px, left + width, y0 + dy * px + h)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+                break
+        placed.append(box)
+        ax.annotate(labels[k], (xs[k], ys[k]), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
+                    color="0.35", ha="left" if dx > 0 else "right")
 
 
 def plot_timeline(
@@ -109,19 +137,26 @@ def plot_timeline(
         if k == len(timeline) or timeline[k][0] != timeline[start][0]:
             phase = timeline[start][0]
             ax.axvspan(start, k, color=colors.get(phase, "0.8"), alpha=0.08)
-            ax.text((start + k) / 2, 0, phase, ha="center", va="bottom", fontsize=7, color="0.3")
+            ax.text((start + k) / 2, 0.01, phase, ha="center", va="bottom", fontsize=7, color="0.3",
+                    transform=ax.get_xaxis_transform())
             start = k
-    if predicted_peak is not None:
-        ax.axhline(predicted_peak / mib, color="tab:blue", ls=":", lw=1,
-                   label=f"predicted peak {format_bytes(predicted_peak)}")
+    # the measured peak as a wide pale band under the predicted one's thin line: both stay visible
+    # when they agree
     if measured_peak is not None:
-        ax.axhline(measured_peak / mib, color="tab:red", ls="--", lw=1.2,
+        ax.axhline(measured_peak / mib, color="tab:red", lw=5, alpha=0.3, zorder=2,
                    label=f"measured peak {format_bytes(measured_peak)}")
+    if predicted_peak is not None:
+        ax.axhline(predicted_peak / mib, color="black", ls="--", lw=1, zorder=4,
+                   label=f"predicted peak {format_bytes(predicted_peak)}")
+    if ys and min(ys) < 0:
+        ax.axhline(0, color="0.4", lw=0.8, zorder=1)
+        ax.text(len(ys_drawn) - 1, 0, "baseline: it holds the previous step's gradients, so the step dips below it "
+                "once zero_grad frees them ", ha="right", va="bottom", fontsize=7, color="0.3")
     ax.set_xlabel("schedule step (FX node)")
     ax.set_ylabel("MiB above baseline")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 

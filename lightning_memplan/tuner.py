@@ -307,7 +307,7 @@ def plan_memory(
     max_memory: int | str | None = None,
     solver: str | Callable[..., Any] = "dp",
     checkpoint: CheckpointPolicy = "auto",
-    backend: str = "inductor",
+    backend: str = "auto",
     candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
     search_backend: str = "aot_eager",
     remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
@@ -364,6 +364,7 @@ def plan_memory(
         loader = model.train_dataloader()
     batch = next(iter(loader))
     device = trainer.strategy.root_device
+    settings = settings.on_device(device)  # backend="auto": inductor on CUDA, aot_eager elsewhere
     param = next(model.parameters(), None)
     home = param.device if param is not None else torch.device("cpu")
     was_training = model.training

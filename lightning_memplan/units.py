@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 __all__ = ["format_bytes", "parse_bytes"]
@@ -16,7 +17,8 @@ _ALLOWED = "an int number of bytes, or a string like '20GiB' or '512MB' (units: 
 
 
 def parse_bytes(value: int | str, *, argument: str = "max_memory") -> int:
-    """Bytes from an int (>= 0) or a string with a unit (``"20GiB"``, ``"1.5 GB"``, ``"512MB"``).
+    """Bytes from an int (>= 0; any integer type, ``numpy.int64`` too, or a float with no
+    fraction, ``20e9``) or a string with a unit (``"20GiB"``, ``"1.5 GB"``, ``"512MB"``).
 
     Decimal units (KB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, ...) powers of 1024;
     units are case-insensitive; a bare number is bytes. Fractions round down to whole bytes.
@@ -26,10 +28,14 @@ def parse_bytes(value: int | str, *, argument: str = "max_memory") -> int:
     """
     if isinstance(value, bool):
         raise ValueError(f"`{argument}={value!r}` is not a byte size. Expected {_ALLOWED}.")
-    if isinstance(value, int):
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        if not (math.isfinite(value) and float(value).is_integer()):
+            raise ValueError(f"`{argument}={value!r}` is not a byte size. Expected {_ALLOWED}.")
+        value = int(value)
+    if isinstance(value, numbers.Integral):
         if value < 0:
             raise ValueError(f"`{argument}={value!r}` is negative. Expected {_ALLOWED}.")
-        return value
+        return int(value)
     if isinstance(value, str):
         match = _PATTERN.match(value)
         if match:

@@ -27,7 +27,7 @@ LANES = {
     "forecast/": "compile", "arena/": "compile", "forecast/test_cuda_allocator.py": "unit",
     "forecast/test_allocations.py": "unit", "forecast/test_torch_surface.py": "unit",
     "callback/": "fit", "examples/": "fit", "callback/test_ddp.py": "slow", "zoo/": "slow",
-    "forecast/test_fsdp_memory.py": "compile",
+    "forecast/test_fsdp_memory.py": "compile", "docs/test_docs_code.py": "fit",
 }
 LANE_NAMES = ("unit", "compile", "fit", "slow")
 LANE_WHAT = {"unit": "pure libraries and Trainer-free parts, no compile", "compile": "forecasts on real graphs",

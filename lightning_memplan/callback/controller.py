@@ -40,7 +40,7 @@ from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.called_modules import ModuleCall, nothing_to_plan
 from lightning_memplan.planner.checkpointing import checkpointed
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning, error_summary
 from lightning_memplan.planner.pipeline import (
     PlannedStep,
     Stage,
@@ -65,7 +65,7 @@ def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
 
 
 def _warn(message: str, stacklevel: int = 3) -> None:
-    warnings.warn(f"MemPlanCallback: {message}", PlanWarning, stacklevel=stacklevel + 1)
+    warnings.warn(f"MemPlanCallback: {message}", MemPlanWarning, stacklevel=stacklevel + 1)
 
 
 def _key(plan: MemPlan) -> tuple[Any, ...]:
@@ -91,6 +91,7 @@ class PlanController:
         self.forecast: Forecast | None = None
         #: Why the callback fell back to the uncompiled module (``None`` while it did not).
         self.fallback_reason: str | None = None
+        self.fallback_error: BaseException | None = None
         #: Seconds the decision took (search included) and the final compile + forecast took.
         self.timings: dict[str, float] = {}
         #: The compiled forward in force (``None``: the module runs as written).
@@ -226,7 +227,7 @@ class PlanController:
         without searching), forecast it and install it (``plan_step``'s first part). Never raises."""
         self.example = (args, kwargs)
         restored = self._restored()
-        given = restored if restored is not None else self._o.user_plan
+        given = self._o.user_plan if self._o.user_plan is not None else restored  # plan= wins (given_plan)
         t0 = time.perf_counter()
         decided: list[float] = []
 
@@ -240,7 +241,7 @@ class PlanController:
         try:
             planned = self._plan_step([], plan=given, agree=agree)
         except Exception as exc:  # noqa: BLE001 - planning failure: train unplanned
-            self.fall_back(f"{'installing the plan' if decided else 'planning'} failed: {exc!r}")
+            self.fall_back("installing the plan" if decided else "planning", exc)
             return
         self._kept = planned.candidate_forecasts
         self._compile(planned.plan, planned.forecast, decided[0])
@@ -261,7 +262,7 @@ class PlanController:
         try:
             planned = self._plan_step([], plan=plan)
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
-            self.fall_back(f"installing the plan failed: {exc!r}")
+            self.fall_back("installing the plan", exc)
             return
         self._compile(planned.plan, planned.forecast, t0)
 
@@ -284,7 +285,7 @@ class PlanController:
             # FSDP2 units: each compiled on its own (see unit_compile), for this fit
             self._stack.enter_context(UnitCompile(module, backend, ckw).installed())
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
-            self.fall_back(f"installing the plan failed: {exc!r}")
+            self.fall_back("installing the plan", exc)
             return
         collectives = forward_has_collectives(module)
         kinds = fsdp_kinds(module) if collectives else None
@@ -313,13 +314,15 @@ class PlanController:
         if self._o.log_plots:
             reporter.plot_frontier(self._view.trainer, plan, self._s.max_memory)
 
-    def fall_back(self, reason: str) -> None:
-        """Train the module as written from now on, saying why."""
-        self.fallback_reason = reason
+    def fall_back(self, what: str, error: BaseException) -> None:
+        """Train the module as written from now on, saying why: ``what`` failed with ``error`` (kept,
+        its whole chain, as :attr:`fallback_error`; the warning gives its root cause's type and first line)."""
+        self.fallback_reason = f"{what} failed: {error_summary(error)}"
+        self.fallback_error = error
         self.active = None
         self._unwrap()
-        warnings.warn(f"MemPlanCallback: {reason}. Training goes on with the module uncompiled.",
-                      PlanWarning, stacklevel=4)
+        warnings.warn(f"MemPlanCallback: {self.fallback_reason}. Training goes on with the module uncompiled (the "
+                      "whole error: callback.fallback_error).", MemPlanWarning, stacklevel=4)
 
     def _install_soon(self, plan: MemPlan) -> None:
         """Install ``plan`` now, or, when the forward runs collectives (FSDP, tensor parallelism),
@@ -409,12 +412,13 @@ class PlanController:
                          f"{self._profile.eager_from}): {format_bytes(sum(m.outputs_bytes for m in losses))} of "
                          f"outputs, up to {format_bytes(eager)} made, {format_bytes(kept)} kept for backward, a "
                          f"backward of {format_bytes(max(m.backward_peak_bytes for m in losses))}")
-        note = f"MemPlanCallback: {'; '.join(parts)}. Forecast now {format_bytes(peak)} above the baseline."
+        said = f"{'; '.join(parts)}. " if parts else ""
+        note = f"MemPlanCallback: {said}Forecast now {format_bytes(peak)} above the baseline."
         if max_memory is not None and peak is not None and baseline + peak > max_memory:
             then = ("the closed loop re-plans if the measured peak exceeds it" if self.may_replan() else
                     "the closed loop has re-planned once already: reduce the batch or raise max_memory")
             warnings.warn(f"{note} That exceeds max_memory {format_bytes(max_memory)}; {then}.",
-                          PlanWarning, stacklevel=5)
+                          MemPlanWarning, stacklevel=5)
         elif parts:
             rank_zero_info(note)
 

@@ -20,7 +20,7 @@ from lightning_memplan._torch.storages import tree_leaves
 from lightning_memplan.forecasting.autograd_walk import parameters_reached
 from lightning_memplan.forecasting.eager_loss import EagerCalls, EagerLoss, measure_eager_losses
 from lightning_memplan.forecasting.result import Forecast
-from lightning_memplan.planner.messages import PlanWarning, eager_forward_warning, uncompiled_warnings
+from lightning_memplan.planner.messages import MemPlanWarning, eager_forward_warning, uncompiled_warnings
 from lightning_memplan.planner.step_model import (
     call_signature,
     fresh_input_bytes,
@@ -172,7 +172,7 @@ class FirstBatchProfile:
         eager = {id(p) for p in module.parameters() if id(p) in reached and id(p) not in compiled | after}
         message = eager_forward_warning(module, eager)
         if message:
-            warnings.warn(f"MemPlanCallback: {message}", PlanWarning, stacklevel=4)
+            warnings.warn(f"MemPlanCallback: {message}", MemPlanWarning, stacklevel=4)
 
     def measure(self, loss: torch.Tensor, outputs: EagerCalls, *, lit: nn.Module, module: nn.Module, batch: Any,
                 device: torch.device, fsdp2: bool, at_shape: bool) -> tuple[EagerLoss, ...] | None:

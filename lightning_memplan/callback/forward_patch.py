@@ -9,21 +9,12 @@ from typing import Any
 from torch import nn
 
 from lightning_memplan.core.instance_patch import instance_attributes
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.precompiled import compiled_by_user
 
-__all__ = ["ForwardPatch", "has_submodule"]
+__all__ = ["ForwardPatch"]
 
 _MISSING = object()
-
-
-def has_submodule(module: nn.Module, path: str) -> bool:
-    """Whether ``module.get_submodule(path)`` finds a module."""
-    try:
-        module.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
 
 
 class ForwardPatch:
@@ -52,7 +43,7 @@ class ForwardPatch:
                 f"MemPlanCallback: {user.what} was compiled with torch.compile before fit. For this fit the "
                 f"callback compiles the planned forward itself, with the plan (backend {backend!r}; "
                 "torch.compile options go to `compile_kwargs`), and the rest runs as written; your compiled "
-                "module is put back after fit.", PlanWarning, stacklevel=4)
+                "module is put back after fit.", MemPlanWarning, stacklevel=4)
         target = user.module
         self.attached_to = resolved
         self.module = target

@@ -11,7 +11,6 @@ and pictures.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +25,6 @@ from lightning_memplan.callback import reporter
 from lightning_memplan.callback.compile_watch import CompileRecord
 from lightning_memplan.callback.controller import PlanController
 from lightning_memplan.callback.first_batch import held_returned
-from lightning_memplan.callback.forward_patch import has_submodule
 from lightning_memplan.callback.options import callback_options
 from lightning_memplan.callback.planned_forward import FitParts, PlannedForward
 from lightning_memplan.callback.strategy import max_over_ranks
@@ -36,14 +34,12 @@ from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.called_modules import CallWatch, ModuleCall, also_called
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.given_plan import check_plan_blocks, check_plan_solver, resume_conflicts
+from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
-from lightning_memplan.planner.settings import resolve_submodule
+from lightning_memplan.planner.settings import has_submodule, resolve_submodule
 
 __all__ = ["MemPlanCallback", "MemPlanWarning"]
-
-MemPlanWarning = PlanWarning
-"""Planning fell back or changed course; training goes on."""
 
 
 class MemPlanCallback(Callback):
@@ -78,8 +74,11 @@ class MemPlanCallback(Callback):
             solver it was chosen with.
         checkpoint: blocks the search may wrap in activation checkpointing: ``"auto"`` (the model's
             repeated blocks), a set of module classes, or ``None``. Only used with ``budget="auto"``.
-        backend: ``"inductor"`` (default) or ``"aot_eager"`` (inductor's partitioner without code
-            generation).
+        backend: the backend the plan is compiled with. ``"auto"`` (default): ``"inductor"`` when the
+            Trainer runs on CUDA, ``"aot_eager"`` on CPU and other devices (the same partitioner, so the
+            same plan and activation memory, with eager kernels: inductor builds C++ for every graph
+            on a CPU, over a minute for a small model), said at fit start; ``"inductor"`` or
+            ``"aot_eager"`` to choose.
         candidate_budgets: budgets the search tries with each checkpoint set.
         remat_budgets: budgets of the whole-graph rematerialization plans (solver ``"remat"``) the
             search tries besides; ``()`` for none.
@@ -155,7 +154,7 @@ class MemPlanCallback(Callback):
         max_memory: int | str | None = None,
         solver: str | Callable[..., Any] = "dp",
         checkpoint: CheckpointPolicy = "auto",
-        backend: Literal["inductor", "aot_eager"] = "inductor",
+        backend: Literal["auto", "inductor", "aot_eager"] = "auto",
         candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
         search_backend: Literal["inductor", "aot_eager"] = "aot_eager",
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
@@ -174,6 +173,10 @@ class MemPlanCallback(Callback):
             plan=plan, replan=replan, measure_batches=measure_batches, log_plots=log_plots,
             compile_kwargs=compile_kwargs, verbose=verbose, submodule=submodule,
             forecast_new_shapes=forecast_new_shapes)
+        #: the arguments as given (``backend="auto"`` unresolved); ``_options`` holds them for this fit's device
+        self._given = self._options
+        for note in self._options.notes:  # arguments the others override
+            warnings.warn(note, MemPlanWarning, stacklevel=2)
         self._settings = self._options.settings
         self._measure_batches = measure_batches
         #: Measured peak (bytes above the batch's starting bytes) of each measured batch, per epoch.
@@ -201,6 +204,11 @@ class MemPlanCallback(Callback):
     def fallback_reason(self) -> str | None:
         """Why the callback fell back to the uncompiled module (``None`` while it did not)."""
         return self._fit.plans.fallback_reason if self._fit.plans is not None else None
+
+    @property
+    def fallback_error(self) -> BaseException | None:
+        """The error that made the callback fall back, with its whole chain (``None`` while it did not)."""
+        return self._fit.plans.fallback_error if self._fit.plans is not None else None
 
     @property
     def timings(self) -> dict[str, float]:
@@ -255,12 +263,17 @@ class MemPlanCallback(Callback):
         data = state_dict.get("plan")
         if not data:
             return
-        plan = MemPlan.from_dict(data, source="the checkpoint's MemPlanCallback state")
-        budget = self._settings.budget
-        if not isinstance(budget, str) and not math.isclose(plan.budget, float(budget)):
-            warnings.warn(f"`MemPlanCallback(budget={budget!r})` differs from the plan in the checkpoint "
-                          f"(budget {plan.budget!r}); resuming with the checkpoint's plan.", MemPlanWarning,
-                          stacklevel=2)
+        source = "the checkpoint's MemPlanCallback state"
+        plan = MemPlan.from_dict(data, source=source)
+        try:
+            check_plan_solver(plan, self._settings.solver, source)
+        except ValueError as exc:
+            warnings.warn(f"MemPlanCallback: {exc} Planning afresh instead.", MemPlanWarning, stacklevel=2)
+            return
+        s = self._settings
+        for message in resume_conflicts("MemPlanCallback", plan, user_plan=self._options.user_plan, budget=s.budget,
+                                        solver_name=s.solver_name, max_memory=s.max_memory):
+            warnings.warn(message, MemPlanWarning, stacklevel=2)
         self._restored_plan = plan
 
     # ------------------------------------------------------------------ fit set-up and tear-down
@@ -271,8 +284,15 @@ class MemPlanCallback(Callback):
         from lightning_memplan._torch.version import check_torch_version
 
         check_torch_version()
+        self._options = self._given.on_device(trainer.strategy.root_device)
+        self._settings = self._options.settings
+        if self._given.settings.backend == "auto" and self._options.verbose:
+            rank_zero_info(f"MemPlan: compiling with backend {self._settings.backend!r} on "
+                           f"{trainer.strategy.root_device.type} (backend='auto': 'inductor' on CUDA, 'aot_eager' "
+                           "elsewhere; pass backend='inductor' for inductor's kernels).")
         self._fit = FitParts(TrainerView(trainer, pl_module), self._measure_batches, self._options.verbose)
         self.measured, self.measured_shapes = [], []
+        self._restored_plan = None  # a checkpoint's plan, if this fit resumes from one (load_state_dict, after setup)
         submodule = self._options.submodule
         if submodule is None or has_submodule(pl_module, submodule):
             self._attach(pl_module, resolve_submodule(pl_module, submodule, "MemPlanCallback"))
@@ -285,9 +305,23 @@ class MemPlanCallback(Callback):
         if self._fit.view.lit is None:
             return
         resolved = resolve_submodule(pl_module, self._options.submodule, "MemPlanCallback")
+        self._check_blocks(pl_module, resolved if self._options.submodule is not None else None)
         if resolved is not self._fit.patch.attached_to:
             self._fit.patch.detach()
             self._attach(pl_module, resolved)
+
+    def _check_blocks(self, pl_module: LightningModule, planned: torch.nn.Module | None) -> None:
+        """Before training: the blocks a given plan checkpoints must be in the model (a ValueError);
+        a checkpoint's plan whose blocks are gone (the model changed) is dropped with a warning."""
+        user = self._options.user_plan
+        if user is not None:
+            check_plan_blocks(user, pl_module, "`MemPlanCallback(plan=...)`", planned=planned)
+        elif self._restored_plan is not None:
+            try:
+                check_plan_blocks(self._restored_plan, pl_module, "the checkpoint's plan", planned=planned)
+            except ValueError as exc:
+                warnings.warn(f"MemPlanCallback: {exc} Planning afresh instead.", MemPlanWarning, stacklevel=3)
+                self._restored_plan = None
 
     def _attach(self, pl_module: LightningModule, resolved: torch.nn.Module) -> None:
         fit = self._fit
@@ -449,9 +483,9 @@ class MemPlanCallback(Callback):
             predicted = max_over_ranks(trainer.strategy, predicted)
             complete = max_over_ranks(trainer.strategy, 0 if complete else 1) == 0
         metrics = reporter.epoch_metrics(plan, predicted, complete, measured)
-        if metrics:
+        if metrics:  # with the epoch, as Lightning's own rows have it (metrics.csv's `epoch` column)
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+                logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step)
         if self._options.verbose:
             other = {sig for sig in sigs if sig is not None and sig != fit.shapes.planned}
             rank_zero_info(reporter.epoch_line(trainer.current_epoch, metrics, len(other)))

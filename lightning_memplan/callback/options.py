@@ -7,8 +7,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
+from lightning_memplan.planner.given_plan import check_plan_solver, ignored_beside_plan
+from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.planner.settings import PlanSettings, check_submodule
 
 __all__ = ["CallbackOptions", "callback_options"]
@@ -29,6 +33,12 @@ class CallbackOptions:
     verbose: bool
     submodule: str | None
     forecast_new_shapes: bool
+    #: what the arguments override of each other, in words (warned when the callback is made)
+    notes: tuple[str, ...] = ()
+
+    def on_device(self, device: torch.device | str) -> CallbackOptions:
+        """These options for a fit on ``device`` (``backend="auto"`` resolved: see ``PlanSettings.on_device``)."""
+        return dataclasses.replace(self, settings=self.settings.on_device(device))
 
 
 def callback_options(
@@ -61,7 +71,18 @@ def callback_options(
         if not Path(plan).is_file():
             raise ValueError(f"`{call}(plan={str(plan)!r})`: no such file. Save one with `plan_memory(...).save(path)`.")
         user_plan = MemPlan.load(plan)
+    notes: list[str] = []
+    if user_plan is not None:
+        source = f"`{call}(plan={'MemPlan(...)' if isinstance(plan, MemPlan) else repr(str(plan))})`"
+        check_plan_solver(user_plan, solver, source)
+        custom = callable(solver) and user_plan.solver.startswith("custom:")  # the plan's own solver, given
+        ignored = ignored_beside_plan(call, {
+            "budget": (budget, "auto"), "max_memory": (max_memory, None),
+            "solver": (solver, solver if custom else "dp"),
+            "checkpoint": (checkpoint, "auto"), "candidate_budgets": (candidate_budgets, DEFAULT_BUDGETS),
+            "remat_budgets": (remat_budgets, DEFAULT_REMAT_BUDGETS)})
+        notes += [ignored] if ignored else []
     return CallbackOptions(settings=settings, user_plan=user_plan, replan=bool(replan),
                            measure_batches=measure_batches, log_plots=bool(log_plots),
                            compile_kwargs=dict(compile_kwargs or {}), verbose=bool(verbose), submodule=submodule,
-                           forecast_new_shapes=forecast_new_shapes)
+                           forecast_new_shapes=forecast_new_shapes, notes=tuple(notes))

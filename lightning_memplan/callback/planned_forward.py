@@ -111,7 +111,7 @@ class PlannedForward:
             out = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a failed compile must not lose the run
             fit.profile.close_window()
-            plans.fall_back(f"compiling the planned forward failed: {exc!r}")
+            plans.fall_back("compiling the planned forward", exc)
             return fit.patch.original(*args, **kwargs)
         plans.first_call = False
         record = fit.watch.planned_compiled()

@@ -7,7 +7,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_memplan._torch.dynamo import recompile_limit
 from lightning_memplan.callback.compile_watch import CompileRecord, WatchedBackend, describe_shapes
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
 
 __all__ = ["RecompileWatch"]
 
@@ -59,7 +59,7 @@ class RecompileWatch:
                     f"at the sizes of that batch, not at the planned {planned}: the plan and its forecast no "
                     "longer hold (memplan/measured_peak_bytes will show it). Leave `dynamic` out of "
                     "compile_kwargs (the callback compiles with dynamic=False), or drop the incomplete last "
-                    "batch (DataLoader(drop_last=True)).", PlanWarning, stacklevel=3)
+                    "batch (DataLoader(drop_last=True)).", MemPlanWarning, stacklevel=3)
             elif self._verbose:
                 rank_zero_info(f"MemPlan: batch {batch}: the forward was compiled again, with the "
                                f"plan, for inputs {describe_shapes(record.input_shapes)} (forecast: {planned})")
@@ -73,4 +73,4 @@ class RecompileWatch:
                 f"forecast_new_shapes, a forecast of its own), until dynamo's recompile_limit ({limit}); after "
                 "that new shapes run uncompiled, without the plan or a forecast. Pad inputs of varying length "
                 "to a few fixed lengths (buckets), or raise torch._dynamo.config.recompile_limit to their "
-                "number.", PlanWarning, stacklevel=3)
+                "number.", MemPlanWarning, stacklevel=3)

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from tabulate import tabulate
 
+from lightning_memplan.forecasting.capture import REASON_WORDS
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.step_model import TrainingLoop, lightning_step_timeline
@@ -60,15 +61,21 @@ def plan_table(plan: MemPlan, timings: dict[str, float], planned: str | None = N
         ["baseline (params, optimizer, batch)", format_bytes(plan.baseline_bytes)],
         ["chosen by", plan.reason],
     ]
+    why = plan.trade_off()
+    if why is not None:
+        rows.append(["the trade-off", why])
     if plan.knee is not None:
-        rows.append(["knee", plan.candidates[plan.knee].label])
+        rows.append(["knee (best balance of memory and compute on the front)", plan.candidates[plan.knee].label])
     for note in plan.notes:
-        rows.append(["partitioner", note])
+        for code, words in REASON_WORDS.items():
+            note = note.replace(f"({code})", f"({words})")
+        rows.append(["partitioner (per compiled region)", note])
     if plan.candidates:
         rows.append(["candidates forecast", str(len(plan.candidates))])
     d, i = timings.get("decide_seconds"), timings.get("install_seconds")
     if d is not None and i is not None:
-        rows.append(["decision / final forecast+compile", f"{d:.1f} s / {i:.1f} s (ratio {d / max(i, 1e-9):.2f})"])
+        rows.append(["plan search / final forecast+compile",
+                     f"{d:.1f} s / {i:.1f} s (the search took {d / max(i, 1e-9):.1f}x one compile)"])
     return "MemPlan\n" + tabulate(rows, tablefmt="simple")
 
 

@@ -20,6 +20,7 @@ from tabulate import tabulate
 
 from lightning_memplan.demo.data import make_dataloader
 from lightning_memplan.demo.model import GPT, MODEL_SIZES, Block
+from lightning_memplan.forecasting.capture import REASON_WORDS
 from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
 from lightning_memplan.units import format_bytes
 
@@ -130,6 +131,16 @@ def candidates_table(plan: Any) -> str:
                                    "partitioner", "choice"], tablefmt="github")
 
 
+def reason_legend(plan: Any) -> str:
+    """What the partitioner codes in :func:`candidates_table` mean (the ones it shows), and the
+    knee, one line each."""
+    shown = " ".join(c.note for c in plan.candidates)
+    lines = ["knee: the plan on the Pareto front closest to both least memory and least compute (each "
+             "axis scaled to the front's range)."]
+    lines += [f"{code}: {words}." for code, words in REASON_WORDS.items() if f"({code})" in shown]
+    return "\n".join(lines)
+
+
 def epochs_table(rows: Sequence[EpochRow]) -> str:
     """Per-epoch predicted / measured peak and the signed error (github table)."""
     body = [[r.epoch, format_bytes(r.predicted_bytes), format_bytes(r.measured_bytes),
@@ -204,11 +215,14 @@ def _print_report(result: DemoResult) -> None:
         print(f"Plan in force: budget {plan.budget:g}, {len(plan.checkpoint)} checkpointed block(s)"
               f"{' (' + ', '.join(plan.checkpoint) + ')' if plan.checkpoint else ''}, solver {plan.solver}, "
               f"backend {plan.backend}; {plan.reason or 'given'}.")
+        if plan.trade_off():
+            print(f"The trade-off: {plan.trade_off()}.")
         if plan.candidates:
             print("\nCandidate plans (forecast peak above the baseline of "
                   f"{format_bytes(plan.baseline_bytes)} for parameters, their gradients, optimizer state "
                   "and batch):")
             print(candidates_table(plan))
+            print(reason_legend(plan))
             print("(Peaks of the step Lightning runs: the previous step's gradients stay live through "
                   "the forward and are freed in zero_grad, before backward.)")
     print("\nPeak memory of a training step above its starting bytes, per epoch "

@@ -66,6 +66,7 @@ from lightning_memplan.forecasting.sweep import PlanSweep, partition_remat
 from lightning_memplan.forecasting.validate import (
     SolverFn,
     check_budget,
+    check_budgets,
     check_checkpoint_sets,
     check_inner,
     resolve_solver,
@@ -412,15 +413,13 @@ def memplan_backend(
     b = check_budget(budget, "memplan_backend")
     name, fn = resolve_solver(solver, "memplan_backend")
     kind = check_inner(inner, "memplan_backend")
-    sw = tuple(dict.fromkeys(check_budget(x, "memplan_backend") for x in sweep))
+    sw = check_budgets(sweep, "memplan_backend", "sweep")
     cks = check_checkpoint_sets(sweep_checkpoints, model, "memplan_backend", "sweep_checkpoints")
     if isinstance(run_checkpoint, str):
         raise ValueError(f"`memplan_backend(run_checkpoint={run_checkpoint!r})` must be a sequence of submodule "
                          f"names, e.g. ({run_checkpoint!r},).")
     run_ck = check_checkpoint_sets([tuple(run_checkpoint)], model, "memplan_backend", "run_checkpoint")
-    if isinstance(sweep_remat, (int, float)):
-        raise ValueError(f"`memplan_backend(sweep_remat={sweep_remat!r})` must be a sequence of budgets in [0, 1].")
-    rm = tuple(dict.fromkeys(check_budget(x, "memplan_backend") for x in sweep_remat))
+    rm = check_budgets(sweep_remat, "memplan_backend", "sweep_remat")
     if name == "remat":
         for arg, given in (("sweep", sw), ("sweep_checkpoints", cks), ("run_checkpoint", run_ck)):
             if given:

@@ -20,6 +20,7 @@ from lightning_memplan.forecasting.allocations import AllocEvent, share_inputs
 from lightning_memplan.forecasting.estimator import GraphStorages
 
 __all__ = [
+    "REASON_WORDS",
     "DecisionReason",
     "KnapsackRecord",
     "PartitionDecision",
@@ -47,6 +48,19 @@ DecisionReason = Literal[
     "budget_0", "budget_1", "min_cut_below_inputs", "more_aggressive_fits", "aggressive_fits",
     "nothing_recomputable", "solved", "remat", "unknown",
 ]
+
+#: Each :data:`DecisionReason` in words, for people reading a plan table.
+REASON_WORDS: dict[str, str] = {
+    "budget_0": "budget 0: only the forward's inputs are saved, the rest recomputed",
+    "budget_1": "budget 1: torch's fastest choice of what to save is kept, there is nothing to solve",
+    "min_cut_below_inputs": "torch's fastest choice already saves no more than the forward's inputs",
+    "more_aggressive_fits": "recomputing only cheap ops already fits the budget",
+    "aggressive_fits": "recomputing every cheap op already fits the budget",
+    "nothing_recomputable": "nothing in this graph can be recomputed",
+    "solved": "the knapsack solver chose what to save",
+    "remat": "whole-graph rematerialization chose what to save",
+    "unknown": "the partitioner was not observed",
+}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ from lightning_memplan.forecasting.compile_step import compile_step
 from lightning_memplan.forecasting.optim_memory import optimizer_memory
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.validate import (
-    check_budget,
+    check_budgets,
     check_checkpoint_sets,
     check_step_args,
     resolve_solver,
@@ -114,12 +114,8 @@ def _grid(
     remat_budgets: Sequence[float] = (),
 ) -> dict[GridKey, Forecast]:
     """:func:`forecast_grid`'s work, its errors naming ``call`` (the public function called)."""
-    if isinstance(budgets, (int, float)) or not budgets:
-        raise ValueError(f"`{call}(budgets={budgets!r})` must be a non-empty sequence of budgets in [0, 1].")
-    bs = tuple(dict.fromkeys(check_budget(b, call) for b in budgets))
-    if isinstance(remat_budgets, (int, float)):
-        raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1].")
-    rbs = tuple(dict.fromkeys(check_budget(b, call) for b in remat_budgets))
+    bs = check_budgets(budgets, call, "budgets", empty=False)
+    rbs = check_budgets(remat_budgets, call, "remat_budgets")
     solver_name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
     if solver_name == "remat":
         raise ValueError(f"`{call}(solver='remat')`: the grid's budgets and checkpoint sets are knapsack plans; "

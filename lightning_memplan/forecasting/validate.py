@@ -8,7 +8,8 @@ allowed; on success it returns the value normalized.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import numbers
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -19,6 +20,7 @@ __all__ = [
     "SOLVER_NAMES",
     "SolverFn",
     "check_budget",
+    "check_budgets",
     "check_checkpoint_sets",
     "check_inner",
     "check_step_args",
@@ -39,14 +41,35 @@ INNER_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "aot_eager_decomp_pa
 
 
 def check_budget(budget: object, call: str) -> float:
-    """``budget`` as a float: an activation memory budget, a ratio in [0.0, 1.0] (bool refused)."""
-    ok = isinstance(budget, (int, float)) and not isinstance(budget, bool) and math.isfinite(budget)
+    """``budget`` as a float: an activation memory budget, a ratio in [0.0, 1.0]; any real number
+    type (``numpy.float32`` too), bool refused."""
+    ok = isinstance(budget, numbers.Real) and not isinstance(budget, bool) and math.isfinite(budget)
     if not ok or not 0.0 <= float(budget) <= 1.0:  # type: ignore[arg-type]
         raise ValueError(
             f"`{call}(budget={budget!r})` is not a valid activation memory budget. Expected a float "
             "in [0.0, 1.0]: 1.0 keeps torch's runtime-optimal plan, 0.0 recomputes all it can."
         )
     return float(budget)  # type: ignore[arg-type]
+
+
+def check_budgets(budgets: object, call: str, arg: str, *, empty: bool = True) -> tuple[float, ...]:
+    """``budgets`` (argument ``arg`` of ``call``), a sequence of activation memory budgets, as
+    floats in its order, duplicates dropped; a ValueError showing the whole argument and the bad
+    element otherwise (an empty sequence too, unless ``empty``)."""
+    allowed = f"Expected a {'' if empty else 'non-empty '}sequence of budgets in [0.0, 1.0]"
+    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Iterable):
+        raise ValueError(f"`{call}({arg}={budgets!r})` is not valid. {allowed}.")
+    values = tuple(budgets)
+    if not values and not empty:
+        raise ValueError(f"`{call}({arg}={budgets!r})` is empty. {allowed}.")
+    out = []
+    for b in values:
+        try:
+            out.append(check_budget(b, call))
+        except ValueError:
+            raise ValueError(f"`{call}({arg}={budgets!r})`: {b!r} is not a valid activation memory budget. "
+                             f"{allowed}.") from None
+    return tuple(dict.fromkeys(out))
 
 
 def resolve_solver(solver: str | SolverFn, call: str = "memplan_backend") -> tuple[str, SolverFn]:

@@ -23,7 +23,7 @@ from lightning_memplan.planner.checkpointing import (
     checkpoint_candidates,
     resolve_blocks,
 )
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.plan_forecast import BoundForward, sum_outputs
 from lightning_memplan.planner.search import PlanDoesNotFit, rejudge, search
 from lightning_memplan.planner.settings import PlanSettings
@@ -61,7 +61,7 @@ def decide_plan(
     candidates are forecast on ``settings.search_backend`` (the plan's blocks are named relative to
     ``module``, its ``backend`` is ``settings.backend``). Candidates are judged by the memory of the
     Lightning training step ``loop`` runs (:func:`lightning_step_memory`, bytes).
-    When nothing fits ``max_memory``, warns (:class:`PlanWarning`, ``f"{call}: ..."``, ``stacklevel``
+    When nothing fits ``max_memory``, warns (:class:`MemPlanWarning`, ``f"{call}: ..."``, ``stacklevel``
     as for ``warnings.warn``: 2 points at the caller) and returns the plan with the smallest
     forecast; ``warned``, a list, receives that message. ``kept``: a list that receives the
     candidates' forecasts when a search ran (aligned with ``plan.candidates``; ``None`` where one
@@ -87,7 +87,7 @@ def decide_plan(
         plan, forecasts = result.plan, result.forecasts
     except PlanDoesNotFit as exc:
         message = f"{call}: {exc} Training with the smallest plan."
-        warnings.warn(message, PlanWarning, stacklevel=stacklevel)
+        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
         if warned is not None:
             warned.append(message)
         plan, forecasts = exc.plan, exc.forecasts
@@ -98,7 +98,7 @@ def decide_plan(
         message = (f"{call}: {len(failed)} of {len(plan.candidates)} candidate plans could not be forecast and were "
                    f"not considered (first: {failed[0].label}, {failed[0].note[:300]}); the plan is chosen among "
                    "the others (`plan.candidates` has every note).")
-        warnings.warn(message, PlanWarning, stacklevel=stacklevel)
+        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
         if warned is not None:
             warned.append(message)
     return _relative_to_module(plan, settings)

@@ -1,7 +1,7 @@
 """The planner's warnings: what of the forward a plan does not reach, and steps it covers in part.
 
 Each function returns the message text without a prefix (the caller issues it as
-:class:`PlanWarning`, prefixed with its own name: ``f"{call}: {message}"``), or nothing when there
+:class:`MemPlanWarning`, prefixed with its own name: ``f"{call}: {message}"``), or nothing when there
 is nothing to say.
 """
 from __future__ import annotations
@@ -16,11 +16,31 @@ from lightning_memplan._torch.dynamo import dynamo_allows_rnn
 if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
-__all__ = ["PlanWarning", "eager_forward_warning", "several_backwards_warning", "uncompiled_warnings"]
+__all__ = ["MemPlanWarning", "eager_forward_warning", "error_summary", "several_backwards_warning", "uncompiled_warnings"]
 
 
-class PlanWarning(UserWarning):
+class MemPlanWarning(UserWarning):
     """Planning fell back or changed course; training goes on."""
+
+
+def error_summary(exc: BaseException, limit: int = 300) -> str:
+    """``"Type: first line"`` of the error at the root of ``exc``'s chain (followed through
+    ``inner_exception``, as torch's ``BackendCompilerFailed`` holds it, then ``__cause__`` and an
+    unsuppressed ``__context__``), at most ``limit`` characters; the outermost error's type is named
+    too when it is another (``"BackendCompilerFailed <- RuntimeError: codegen exploded"``)."""
+    root, seen = exc, {id(exc)}
+    while True:
+        nxt = (getattr(root, "inner_exception", None) or root.__cause__
+               or (None if root.__suppress_context__ else root.__context__))
+        if not isinstance(nxt, BaseException) or id(nxt) in seen:
+            break
+        root = nxt
+        seen.add(id(root))
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    text = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
+    if root is not exc:
+        text = f"{type(exc).__name__} <- {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def uncompiled_warnings(module: nn.Module, fc: Forecast | None) -> list[str]:

@@ -27,7 +27,7 @@ from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import checkpointed, recompute_trial
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
 from lightning_memplan.planner.messages import (
-    PlanWarning,
+    MemPlanWarning,
     several_backwards_warning,
     uncompiled_warnings,
 )
@@ -127,7 +127,7 @@ class PlannedStep:
     loop: TrainingLoop
     """The training loop the prediction is for, with ``gradless_bytes`` once the step showed them."""
     warnings: tuple[str, ...] = ()
-    """The :class:`~lightning_memplan.planner.messages.PlanWarning` messages this call issued, in order."""
+    """The :class:`~lightning_memplan.planner.messages.MemPlanWarning` messages this call issued, in order."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -226,7 +226,7 @@ def plan_step(
        Skipped with ``earlier`` while the re-judge keeps its plan (its forecast stands). 4b. A checkpointed
        block no compiled graph of that forecast reads (dynamo ran it eagerly) drops the checkpointing
        as in 3b, when there is a plan without it, and the new choice is forecast.
-    5. **Warn** (:class:`~lightning_memplan.planner.messages.PlanWarning`, ``f"{call}: ..."``) of what
+    5. **Warn** (:class:`~lightning_memplan.planner.messages.MemPlanWarning`, ``f"{call}: ..."``) of what
        of the forward runs uncompiled (:func:`~lightning_memplan.planner.messages.uncompiled_warnings`;
        after a forecast of step 4), and of a step of several backward passes (``step.backwards``).
     6. **Gradients from the forecast**: with ``step.eager_reached``, the parameters neither the compiled
@@ -271,12 +271,14 @@ def plan_step(
         ``agree``), those of step 5 at the caller's caller, as ``warnings.warn``'s ``stacklevel`` counts.
 
     Raises:
-        ValueError: ``plan`` and ``earlier`` both given.
+        ValueError: ``plan`` and ``earlier`` both given; ``settings.backend`` still ``"auto"``.
         RuntimeError: no candidate could be forecast; what a stage raises, without ``on_failure``.
     """
     if plan is not None and earlier is not None:
         raise ValueError(f"`{call}`: plan_step takes `plan` (decided already) or `earlier` (a result to go on "
                          "from), not both.")
+    if settings.backend == "auto":  # the device is known to the caller only
+        raise ValueError(f"`{call}`: plan_step needs a resolved backend: pass `settings.on_device(device)`.")
     kwargs = {} if kwargs is None else kwargs
     forward = module.forward if forward is None else forward
     wrap = blocks if blocks is not None else (lambda p: checkpointed(module, p.checkpoint))
@@ -348,7 +350,7 @@ def plan_step(
                           f"({_first_line(exc)}): a block that changes state it is passed (a KV cache it appends "
                           f"to) does not recompute what it computed. Took {plan.candidates[plan.chosen].label} "
                           f"instead ({plan.reason}).")
-            warnings.warn(issued[-1], PlanWarning, stacklevel=2)
+            warnings.warn(issued[-1], MemPlanWarning, stacklevel=2)
             forecast_done = False
 
     # 4. forecast the chosen plan on the final backend; 5. what of the forward it does not reach
@@ -374,14 +376,14 @@ def plan_step(
                           "such as a KV cache it appends to): such a block runs eagerly, so the plan does not "
                           f"reach it and the forecast misses its activations. Took "
                           f"{plan.candidates[plan.chosen].label} instead ({plan.reason}).")
-            warnings.warn(issued[-1], PlanWarning, stacklevel=2)
+            warnings.warn(issued[-1], MemPlanWarning, stacklevel=2)
             plan, fc = forecast_chosen(plan)
         for message in uncompiled_warnings(module, fc):
             issued.append(f"{call}: {message}")
-            warnings.warn(issued[-1], PlanWarning, stacklevel=3)  # (plan_step's caller's caller)
+            warnings.warn(issued[-1], MemPlanWarning, stacklevel=3)  # (plan_step's caller's caller)
     if step is not None and step.backwards > 1:
         issued.append(f"{call}: {several_backwards_warning(step.backwards)}")
-        warnings.warn(issued[-1], PlanWarning, stacklevel=3)
+        warnings.warn(issued[-1], MemPlanWarning, stacklevel=3)
 
     if step is not None and fc is not None and fc.peak_bytes is not None:
         # 6. the gradients neither the compiled graphs nor the eager code give

@@ -8,11 +8,13 @@ the Trainer.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from lightning_memplan.plan import MemPlan
@@ -20,7 +22,8 @@ from lightning_memplan.planner.checkpointing import CheckpointPolicy, _policy_cl
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.units import parse_bytes
 
-__all__ = ["PlanSettings", "check_submodule", "plan_solver", "resolve_submodule"]
+__all__ = ["PlanSettings", "auto_backend", "check_submodule", "has_submodule", "plan_solver",
+           "resolve_submodule"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +37,8 @@ class PlanSettings:
     solver_name: str
     checkpoint: Any
     """None, ``"auto"`` or a frozenset of module classes."""
-    backend: Literal["inductor", "aot_eager"]
+    backend: Literal["auto", "inductor", "aot_eager"]
+    """The backend the plan is compiled with; ``"auto"`` until :meth:`on_device` resolves it."""
     candidate_budgets: tuple[float, ...]
     search_backend: Literal["inductor", "aot_eager"]
     remat_budgets: tuple[float, ...] = DEFAULT_REMAT_BUDGETS
@@ -49,13 +53,13 @@ class PlanSettings:
         max_memory: int | str | None = None,
         solver: str | Callable[..., Any] = "dp",
         checkpoint: CheckpointPolicy = "auto",
-        backend: str = "inductor",
+        backend: str = "auto",
         candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
         search_backend: str = "aot_eager",
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""
-        from lightning_memplan.forecasting.validate import check_budget, check_inner, resolve_solver
+        from lightning_memplan.forecasting.validate import check_budget, check_budgets, check_inner, resolve_solver
 
         if isinstance(budget, str):
             if budget != "auto":
@@ -68,25 +72,54 @@ class PlanSettings:
         else:
             budget = check_budget(budget, call)
         max_bytes = None if max_memory is None else parse_bytes(max_memory, argument="max_memory")
+        if max_bytes == 0:
+            raise ValueError(f"`{call}(max_memory={max_memory!r})` leaves no memory to train in. Expected a positive "
+                             "byte size such as '20GiB', or None for no limit.")
         name, _ = resolve_solver(solver, call)  # type: ignore[arg-type]
+        if isinstance(checkpoint, (set, frozenset, list, tuple)) and not checkpoint:
+            checkpoint = None  # an empty set of block classes: checkpoint nothing
         if checkpoint is not None and checkpoint != "auto":
             checkpoint = frozenset(_policy_classes(checkpoint))
-        try:  # a number is not iterable (TypeError); a string iterates into non-budgets (ValueError)
-            remat = tuple(check_budget(b, call) for b in remat_budgets)
-        except (TypeError, ValueError):
-            raise ValueError(f"`{call}(remat_budgets={remat_budgets!r})` must be a sequence of budgets in [0, 1] "
-                             "(empty for none).") from None
-        cands = tuple(candidate_budgets)
-        if not cands:
-            raise ValueError(f"`{call}(candidate_budgets={candidate_budgets!r})` is empty. Expected budgets in [0, 1].")
+        remat = check_budgets(remat_budgets, call, "remat_budgets")
+        cands = check_budgets(candidate_budgets, call, "candidate_budgets", empty=False)
         return cls(
             budget=budget, max_memory=max_bytes, solver=solver,
             solver_name=solver if isinstance(solver, str) else f"custom:{name}",
-            checkpoint=checkpoint, backend=check_inner(backend, call, "backend"),
-            candidate_budgets=tuple(check_budget(b, call) for b in cands),
+            checkpoint=checkpoint, backend=_check_backend(backend, call),
+            candidate_budgets=cands,
             search_backend=check_inner(search_backend, call, "search_backend"),
             remat_budgets=remat,
         )
+
+
+    def on_device(self, device: torch.device | str) -> PlanSettings:
+        """These settings for a step on ``device``: ``backend="auto"`` becomes ``"inductor"`` on CUDA
+        and ``"aot_eager"`` elsewhere (see :func:`auto_backend`); an explicit backend is kept."""
+        if self.backend != "auto":
+            return self
+        return dataclasses.replace(self, backend=auto_backend(device))
+
+
+def _check_backend(backend: object, call: str) -> Literal["auto", "inductor", "aot_eager"]:
+    from lightning_memplan.forecasting.validate import INNER_BACKENDS, check_inner
+
+    if isinstance(backend, str) and backend == "auto":
+        return "auto"
+    try:
+        return check_inner(backend, call, "backend")
+    except ValueError:
+        allowed = ", ".join(repr(b) for b in INNER_BACKENDS)
+        raise ValueError(f"`{call}(backend={backend!r})` is not a supported backend. Expected 'auto' (inductor on "
+                         f"CUDA, aot_eager elsewhere) or one of {allowed}.") from None
+
+
+def auto_backend(device: torch.device | str) -> Literal["inductor", "aot_eager"]:
+    """The backend ``backend="auto"`` compiles with on ``device``: ``"inductor"`` on CUDA (its fused
+    kernels are what users compile for there); ``"aot_eager"`` on every other device, where inductor
+    generates and builds C++ for each graph (over a minute for a small model on a CPU) while
+    ``aot_eager`` runs the same partitioner, so the same plan and the same activation memory, with
+    eager kernels."""
+    return "inductor" if torch.device(device).type == "cuda" else "aot_eager"
 
 
 def plan_solver(settings: PlanSettings, plan: MemPlan) -> str | Callable[..., Any]:
@@ -105,6 +138,15 @@ def check_submodule(path: str | None, call: str) -> str | None:
         raise ValueError(f"`{call}(submodule={path!r})` must be None or a module path of the "
                          "LightningModule such as 'model', 'model.backbone' or 'model.layers.0'.")
     return path
+
+
+def has_submodule(module: nn.Module, path: str) -> bool:
+    """Whether ``module.get_submodule(path)`` finds a module."""
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def resolve_submodule(module: nn.Module, path: str | None, call: str) -> nn.Module:

@@ -21,8 +21,8 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from models import WideHead  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
 from lightning_memplan._torch.fsdp import fsdp2_units  # noqa: E402

@@ -76,6 +76,7 @@ def test_fixed_budget_compiles_logs_and_restores(tmp_path: Path) -> None:
     assert cb.forward_calls_per_step == 1
     rows = [r for r in _metrics(trainer) if r.get("memplan/budget")]
     assert len(rows) == 2  # one per epoch
+    assert [r["epoch"] for r in rows] == ["0", "1"]  # the epoch column filled, as Lightning's own rows have it
     assert KEYS <= {k for k, v in rows[-1].items() if v != ""}
     predicted = float(rows[-1]["memplan/predicted_peak_bytes"])
     measured = float(rows[-1]["memplan/measured_peak_bytes"])
@@ -88,6 +89,17 @@ def test_fixed_budget_compiles_logs_and_restores(tmp_path: Path) -> None:
     # the timeline picture exists
     png = Path(trainer.logger.log_dir) / "memplan" / "timeline.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_default_backend_on_cpu_is_aot_eager_and_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # backend="auto" (the default): inductor on CUDA, aot_eager on a CPU Trainer; an explicit one is kept
+    cb = MemPlanCallback(0.5, measure_batches=1, log_plots=False)
+    with caplog.at_level("INFO"):
+        _trainer(tmp_path / "a", cb, epochs=1, limit_train_batches=2).fit(TinyNet())
+    assert cb.plan is not None and cb.plan.backend == "aot_eager" and cb.fallback_reason is None
+    assert "compiling with backend 'aot_eager' on cpu (backend='auto'" in caplog.text
+    with pytest.raises(ValueError, match=r"backend='nope'.*Expected 'auto'"):
+        MemPlanCallback(backend="nope")  # type: ignore[arg-type]
 
 
 def test_a_second_fit_with_the_same_callback_plans_and_forecasts_again(tmp_path: Path) -> None:
@@ -144,6 +156,8 @@ def test_logger_false_still_plans(tmp_path: Path) -> None:
 
 def test_compile_failure_falls_back_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import lightning_memplan.forecasting.backend as comp
+    import lightning_memplan.forecasting.grid
+    import lightning_memplan.forecasting.step_forecast  # noqa: F401 - they bind the real one before the patch
 
     def broken_backend(**kw: Any) -> Any:
         def backend(gm: Any, example_inputs: Any) -> Any:
@@ -154,9 +168,15 @@ def test_compile_failure_falls_back_and_training_goes_on(tmp_path: Path, monkeyp
     monkeypatch.setattr(comp, "memplan_backend", broken_backend)
     model = TinyNet()
     cb = MemPlanCallback(0.5, backend="aot_eager")
-    with pytest.warns(MemPlanWarning, match=r"compiling the planned forward failed: .*codegen exploded.*uncompiled"):
+    with pytest.warns(MemPlanWarning) as record:
         _trainer(tmp_path, cb, epochs=1).fit(model)
+    [said] = [str(w.message) for w in record if "uncompiled" in str(w.message)]
+    # the root cause's type and first line, not torch's nested reprs; the whole chain on an attribute
+    assert said == ("MemPlanCallback: compiling the planned forward failed: BackendCompilerFailed <- RuntimeError: "
+                    "codegen exploded. Training goes on with the module uncompiled (the whole error: "
+                    "callback.fallback_error).")
     assert cb.fallback_reason is not None and "codegen exploded" in cb.fallback_reason
+    assert type(cb.fallback_error).__name__ == "BackendCompilerFailed"
     assert "forward" not in model.__dict__
 
 
@@ -315,11 +335,45 @@ def test_resume_takes_the_checkpoint_plan(tmp_path: Path) -> None:
     ck = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     first = MemPlanCallback(0.5, backend="aot_eager")
     _trainer(tmp_path, first, epochs=1, callbacks=[ck], enable_checkpointing=True).fit(TinyNet())
-    second = MemPlanCallback(0.3, backend="aot_eager")
-    trainer = _trainer(tmp_path, second, epochs=2)
-    with pytest.warns(MemPlanWarning, match=r"budget=0.3\)` differs from the plan in the checkpoint \(budget 0.5\)"):
-        trainer.fit(TinyNet(), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    last = str(tmp_path / "ckpt" / "last.ckpt")
+    # budget= and max_memory= given: the checkpoint's plan wins, and each says so
+    second = MemPlanCallback(0.3, max_memory="1GiB", backend="aot_eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path / "b", second, epochs=2).fit(TinyNet(), ckpt_path=last)
+    said = [str(w.message) for w in caught if w.category is MemPlanWarning]
+    assert any(m.startswith("`MemPlanCallback(budget=0.3)` differs from the checkpoint's plan (budget 0.5, solver "
+                            "'dp'); resuming with the checkpoint's plan") for m in said), said
+    assert any("`MemPlanCallback(max_memory=1.00 GiB)`: resuming with the checkpoint's plan" in m and
+               "is within it" in m for m in said), said
     assert second.plan.budget == 0.5
+    # plan= given: it wins over the checkpoint's plan, and says so
+    third = MemPlanCallback(plan=MemPlan(budget=0.2, solver="dp"), backend="aot_eager")
+    with pytest.warns(MemPlanWarning, match=r"differs from the checkpoint's plan .*; resuming with `plan=`, as given"):
+        _trainer(tmp_path / "c", third, epochs=2).fit(TinyNet(), ckpt_path=last)
+    assert third.plan.budget == 0.2 and third.fallback_reason is None
+
+
+def test_a_plan_file_with_a_block_the_model_lacks_stops_before_training(tmp_path: Path) -> None:
+    path = MemPlan(budget=0.5, solver="dp", checkpoint=("blocks.7",)).save(tmp_path / "plan.json")
+    model = TinyNet()
+    steps: list[int] = []
+    model.training_step = lambda batch, i, _step=model.training_step: steps.append(i) or _step(batch, i)
+    with pytest.raises(ValueError, match=r"`MemPlanCallback\(plan=\.\.\.\)`: the plan checkpoints \['blocks\.7'\], "
+                                         r"which TinyNet or any of its submodules does not have"):
+        _trainer(tmp_path, MemPlanCallback(plan=str(path), backend="aot_eager"), epochs=1).fit(model)
+    assert steps == []  # before the first training step
+
+
+def test_quiet_callback_over_max_memory_says_the_forecast_plainly(tmp_path: Path) -> None:
+    cb = MemPlanCallback(0.5, max_memory="1KiB", verbose=False, backend="aot_eager", log_plots=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, cb, epochs=1, logger=False).fit(TinyNet())
+    said = [str(w.message) for w in caught if w.category is MemPlanWarning]
+    assert any(m.startswith("MemPlanCallback: Forecast now ") and "That exceeds max_memory 1.00 KiB" in m
+               for m in said), said
+    assert not any(m.startswith("MemPlanCallback: .") for m in said), said
 
 
 def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -> None:
@@ -335,6 +389,15 @@ def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -
     assert cb.fallback_reason is None
 
 
+def test_numpy_scalars_and_an_empty_checkpoint_set_are_taken_as_meant() -> None:
+    np = pytest.importorskip("numpy")
+    s = MemPlanCallback(np.float32(0.5), max_memory=np.int64(2**30), checkpoint=set())._settings
+    assert (s.budget, type(s.budget), s.max_memory, s.checkpoint) == (0.5, float, 2**30, None)
+    s = MemPlanCallback(candidate_budgets=np.array([1.0, 0.5]), remat_budgets=[np.float64(0.25)])._settings
+    assert (s.candidate_budgets, s.remat_budgets) == ((1.0, 0.5), (0.25,))
+    assert MemPlanCallback(checkpoint=[])._settings.checkpoint is None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -346,9 +409,13 @@ def test_max_memory_that_nothing_fits_warns_trains_and_replans(tmp_path: Path) -
         (dict(backend="tvm"), r"`MemPlanCallback\(backend='tvm'\)` is not a supported backend"),
         (dict(measure_batches=0), r"`MemPlanCallback\(measure_batches=0\)` must be an int >= 1"),
         (dict(candidate_budgets=()), r"`MemPlanCallback\(candidate_budgets=\(\)\)` is empty"),
-        (dict(remat_budgets=0.5), r"`MemPlanCallback\(remat_budgets=0.5\)` must be a sequence of budgets"),
-        (dict(remat_budgets=(1.2,)), r"`MemPlanCallback\(remat_budgets=\(1.2,\)\)` must be a sequence of budgets in \[0, 1\]"),
+        (dict(remat_budgets=0.5), r"`MemPlanCallback\(remat_budgets=0.5\)` is not valid\. Expected a sequence of budgets"),
+        (dict(remat_budgets=(1.2,)), r"`MemPlanCallback\(remat_budgets=\(1.2,\)\)`: 1.2 is not a valid activation memory "
+                                     r"budget\. Expected a sequence of budgets in \[0\.0, 1\.0\]"),
+        (dict(candidate_budgets=(1.5,)), r"^`MemPlanCallback\(candidate_budgets=\(1.5,\)\)`: 1.5 is not a valid"),
         (dict(plan="nope.json"), r"`MemPlanCallback\(plan='nope.json'\)`: no such file"),
+        (dict(max_memory=0), r"^`MemPlanCallback\(max_memory=0\)` leaves no memory to train in\. Expected a positive"),
+        (dict(max_memory="0B"), r"^`MemPlanCallback\(max_memory='0B'\)` leaves no memory to train in"),
         (dict(compile_kwargs={"backend": "eager"}), r"set the backend with `backend=`"),
     ],
 )

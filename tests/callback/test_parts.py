@@ -11,7 +11,7 @@ from torch import nn
 
 from lightning_memplan.callback.compile_watch import CompileRecord
 from lightning_memplan.callback.first_batch import FirstBatchProfile, held_returned
-from lightning_memplan.callback.forward_patch import ForwardPatch, has_submodule
+from lightning_memplan.callback.forward_patch import ForwardPatch
 from lightning_memplan.callback.options import callback_options
 from lightning_memplan.callback.peak_meter import PeakMeter
 from lightning_memplan.callback.phase import FitProgress, Phase
@@ -21,7 +21,9 @@ from lightning_memplan.callback.shapes import ShapeTracker
 from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.plan import Candidate, MemPlan
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
+from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
+from lightning_memplan.planner.settings import has_submodule
 from lightning_memplan.planner.step_model import call_signature
 
 pytestmark = pytest.mark.unit
@@ -159,7 +161,7 @@ def test_the_recompile_watch_reports_new_graphs_and_warns_once_for_a_dynamic_one
     backend.compiles += [CompileRecord(input_shapes=((2, 8),), dynamic=False, training=True),
                          CompileRecord(input_shapes=((2, 8),), dynamic=False, training=False),
                          CompileRecord(input_shapes=((3, 8),), dynamic=True, training=True)]
-    with pytest.warns(PlanWarning, match=r"batch 7 compiled a dynamic-shape graph"):
+    with pytest.warns(MemPlanWarning, match=r"batch 7 compiled a dynamic-shape graph"):
         watch.check(7)
     assert [r.input_shapes for r in watch.recompiles] == [((2, 8),), ((3, 8),)]  # training graphs only
     with warnings.catch_warnings():
@@ -214,6 +216,87 @@ def test_good_callback_arguments_are_kept() -> None:
     assert options.settings.max_memory == 1024 and options.measure_batches == 2
 
 
+def test_search_arguments_beside_a_plan_are_said_to_be_unused() -> None:
+    # plan= is used as it is: budget=, max_memory= (and solver=, ...) given beside it are named
+    defaults = dict(checkpoint="auto", candidate_budgets=DEFAULT_BUDGETS, remat_budgets=DEFAULT_REMAT_BUDGETS)
+    options = _options(plan=_plan(), max_memory="1KiB", **defaults)
+    assert options.notes == ("`MemPlanCallback(plan=...)` is used as it is (no search), so budget=0.5, "
+                             "max_memory='1KiB' are not used. Drop `plan=` to search with them.",)
+    assert _options(plan=_plan(), budget="auto", **defaults).notes == ()
+    assert _options(budget=0.5, max_memory="1KiB").notes == ()  # no plan: nothing overrides them
+
+    def mine(memory: list[float], runtimes: list[float], max_memory: float) -> Any:
+        raise AssertionError
+
+    custom = _plan(solver="custom:mine")
+    assert _options(plan=custom, solver=mine, budget="auto", **defaults).notes == ()  # the plan's own solver
+    assert "solver=<function" in _options(plan=_plan(), solver=mine, budget="auto", **defaults).notes[0]
+
+
+@pytest.mark.parametrize(("solver", "match"), [
+    ("nope", r"`MemPlanCallback\(plan='.*p\.json'\)`: the plan names the solver 'nope', which is not known\. "
+             r"Expected one of 'greedy', 'dp'"),
+    ("custom:mine", r"made with the custom solver 'mine'; pass that function as `solver=`"),
+])
+def test_a_plan_file_naming_a_solver_that_cannot_run_is_refused(tmp_path: Any, solver: str, match: str) -> None:
+    path = _plan(solver=solver).save(tmp_path / "p.json")
+    with pytest.raises(ValueError, match=match):
+        _options(plan=str(path), budget="auto")
+
+
+def test_a_plan_checkpointing_blocks_the_model_lacks_is_refused() -> None:
+    from lightning_memplan.planner.given_plan import check_plan_blocks
+
+    lit = nn.Module()
+    lit.model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    check_plan_blocks(_plan(checkpoint=("1",)), lit, "src")  # lit.model has a block "1"
+    check_plan_blocks(_plan(checkpoint=("model.1",)), lit, "src")  # lit itself has "model.1"
+    check_plan_blocks(_plan(checkpoint=()), lit, "src")
+    with pytest.raises(ValueError, match=r"^src: the plan checkpoints \['blocks\.0'\], which Module or any of its "
+                                         r"submodules does not have \(its children: \['model'\]\)"):
+        check_plan_blocks(_plan(checkpoint=("blocks.0",)), lit, "src")
+    with pytest.raises(ValueError, match=r"checkpoints \['model\.1'\], which Sequential does not have"):
+        check_plan_blocks(_plan(checkpoint=("model.1",)), lit, "src", planned=lit.model)
+
+
+def test_resume_conflicts_say_which_wins() -> None:
+    from lightning_memplan.planner.given_plan import resume_conflicts
+
+    restored = _plan(budget=0.5, solver="dp", checkpoint=())
+    same = dict(user_plan=None, budget="auto", solver_name="dp", max_memory=None)
+    assert resume_conflicts("CB", restored, **same) == []
+    [budget] = resume_conflicts("CB", restored, **{**same, "budget": 0.3})
+    assert budget.startswith("`CB(budget=0.3)` differs from the checkpoint's plan (budget 0.5, solver 'dp'); resuming "
+                             "with the checkpoint's plan")
+    [solver] = resume_conflicts("CB", restored, **{**same, "solver_name": "greedy"})
+    assert "`CB(solver='greedy')` differs" in solver and "pass `CB(plan=MemPlan(...))`" in solver
+    [fits] = resume_conflicts("CB", restored, **{**same, "max_memory": 2000})
+    assert "not searching against max_memory (its forecast 1.27 KiB is within it)" in fits
+    [over] = resume_conflicts("CB", restored, **{**same, "max_memory": 1000})
+    assert "is OVER it" in over
+    [given] = resume_conflicts("CB", restored, **{**same, "user_plan": _plan(budget=0.2, checkpoint=())})
+    assert given.endswith("resuming with `plan=`, as given.")
+    assert resume_conflicts("CB", restored, **{**same, "user_plan": _plan(checkpoint=(), reason="other")}) == []
+
+
+def test_error_summary_is_the_root_cause_in_one_line() -> None:
+    from lightning_memplan.planner.messages import error_summary
+
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise RuntimeError("outer\nsecond line") from inner
+    except RuntimeError as exc:
+        assert error_summary(exc) == "RuntimeError <- KeyError: 'inner'"
+    assert error_summary(ValueError("a\n  b")) == "ValueError: a"
+    assert error_summary(ValueError()) == "ValueError"
+    assert error_summary(ValueError("x" * 500), limit=20) == "ValueError: xxxxx..."
+    wrapped = RuntimeError("backend='memplan' raised:")
+    wrapped.inner_exception = TypeError("bad graph\nmore")  # type: ignore[attr-defined]  # torch's wrapper
+    assert error_summary(wrapped) == "RuntimeError <- TypeError: bad graph"
+
+
 # ---------------------------------------------------------------------------- reporter
 def test_the_epoch_metrics_and_their_error() -> None:
     plan = _plan()
@@ -231,4 +314,24 @@ def test_the_plan_table_names_the_knee_and_the_decision_time() -> None:
     cands = (Candidate(budget=1.0, peak_bytes=2000, cost=1.0), Candidate(budget=0.5, peak_bytes=1000, cost=2.0))
     text = plan_table(_plan(candidates=cands, knee=1, chosen=1),
                       {"decide_seconds": 2.0, "install_seconds": 4.0})
-    assert "knee" in text and "budget 0.5" in text and "ratio 0.50" in text and "blocks.0" in text
+    assert "knee" in text and "budget 0.5" in text and "the search took 0.5x one compile" in text and "blocks.0" in text
+    # the choice in plain words, against no plan and against the least memory
+    assert "budget 0.5: 1000 B, 50% less than no plan's 1.95 KiB, for +100% estimated compute" in text
+    noted = plan_table(_plan(notes=("region 0: solver not called (budget_1)",)), {})
+    assert "region 0: solver not called (budget 1: torch's fastest choice of what to save is kept" in noted
+
+
+def test_the_trade_off_names_both_ends_of_the_search() -> None:
+    cands = (Candidate(budget=1.0, peak_bytes=4 * 2**20, cost=10.0),
+             Candidate(budget=0.5, checkpoint=("b.0",), peak_bytes=3 * 2**20, cost=11.0),
+             Candidate(budget=0.1, checkpoint=("b.0", "b.1"), peak_bytes=2**20, cost=15.0))
+    assert _plan(candidates=cands, chosen=1).trade_off() == (
+        "budget 0.5 with 1 block checkpointed: 3.00 MiB, 25% less than no plan's 4.00 MiB, for +10% estimated "
+        "compute; the least memory, budget 0.1 with 2 blocks checkpointed, would be 1.00 MiB, 75% less than no "
+        "plan's 4.00 MiB, for +50% estimated compute")
+    assert _plan(candidates=cands, chosen=0).trade_off().startswith(
+        "no plan (budget 1, nothing recomputed): 4.00 MiB of step peak at the least compute; the least memory")
+    assert _plan(candidates=cands, chosen=2).trade_off().endswith("for +50% estimated compute")
+    assert "the least memory" not in _plan(candidates=cands, chosen=2).trade_off()
+    assert _plan(candidates=cands[1:], chosen=0).trade_off() is None  # no budget-1 plan to compare with
+    assert _plan().trade_off() is None  # no search

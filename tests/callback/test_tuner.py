@@ -10,7 +10,7 @@ from lightning.pytorch import Trainer
 
 from lightning_memplan import MemPlanCallback
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.tuner import plan_memory
 
 from .models import (
@@ -84,7 +84,7 @@ def test_plan_memory_validates_arguments() -> None:
 def test_plan_memory_warns_of_what_runs_uncompiled() -> None:
     # as the callback does (test_recurrent_modules_dynamo_runs_eagerly_warn): dynamo runs nn.LSTM
     # eagerly unless allow_rnn, so the plan misses it
-    with pytest.warns(PlanWarning, match=r"plan_memory: the recurrent modules 'lstm' run eagerly"):
+    with pytest.warns(MemPlanWarning, match=r"plan_memory: the recurrent modules 'lstm' run eagerly"):
         plan_memory(_trainer(), Recurrent(), budget=0.5, backend="aot_eager")
 
 
@@ -142,7 +142,7 @@ def test_plan_memory_runs_a_manual_optimization_step_as_fit_does() -> None:
     # a GAN's two phases: planned up to the first backward, with a warning, and nothing stepped
     gan = TwoPhaseGAN()
     before = {k: v.clone() for k, v in gan.state_dict().items()}
-    with pytest.warns(PlanWarning, match=r"plan_memory: training_step ran 2 backward passes"):
+    with pytest.warns(MemPlanWarning, match=r"plan_memory: training_step ran 2 backward passes"):
         plan = plan_memory(_trainer(), gan, budget=0.5, backend="aot_eager")
     assert all(torch.equal(before[k], v) for k, v in gan.state_dict().items())
     # both Adams' state (two moments and a CPU step scalar per parameter) is in the baseline

@@ -76,7 +76,7 @@ def test_demo_cli_rejects_bad_flags(argv: list[str], match: str, capsys: pytest.
 def test_demo_reports_a_bad_max_memory_by_name() -> None:
     with pytest.raises(SystemExit, match="max_memory"):
         main(["demo", "--max-memory", "lots", "--no-progress-bar"])
-    with pytest.raises(SystemExit, match=r"remat_budgets=\(1\.5,\)\)` must be a sequence of budgets"):
+    with pytest.raises(SystemExit, match=r"remat_budgets=\(1\.5,\)\)`: 1\.5 is not a valid activation memory budget"):
         main(["demo", "--remat-budgets", "1.5", "--no-progress-bar"])
 
 

@@ -107,7 +107,7 @@ def test_remat_arguments_are_checked() -> None:
         memplan_backend(solver="remat", inner="aot_eager", sweep_remat=(1.5,))
     with pytest.raises(ValueError, match=r"`forecast_grid\(solver='remat'\)`: .* `remat_budgets=\.\.\.`"):
         forecast_grid(model, (torch.randn(2, 4, 32),), budgets=(1.0,), checkpoint_sets=[()], solver="remat")
-    with pytest.raises(ValueError, match=r"`forecast_grid\(remat_budgets=0\.5\)` must be a sequence"):
+    with pytest.raises(ValueError, match=r"`forecast_grid\(remat_budgets=0\.5\)` is not valid\. Expected a sequence"):
         forecast_grid(model, (torch.randn(2, 4, 32),), budgets=(1.0,), checkpoint_sets=[()], remat_budgets=0.5)  # type: ignore[arg-type]
 
 

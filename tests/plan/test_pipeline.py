@@ -12,7 +12,7 @@ from torch import nn
 from lightning_memplan import forecast
 from lightning_memplan.forecasting.optim_memory import optimizer_memory
 from lightning_memplan.planner import pipeline
-from lightning_memplan.planner.messages import PlanWarning
+from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.pipeline import StepObservation, plan_step
 from lightning_memplan.planner.plan_forecast import sum_outputs
 from lightning_memplan.planner.settings import PlanSettings
@@ -120,9 +120,9 @@ def test_parameters_the_step_gives_no_gradient_hold_none() -> None:
 def test_when_nothing_fits_it_warns_at_the_caller_and_plans_the_smallest() -> None:
     model, x, opt = _setup()
     settings = _settings(budget="auto", candidate_budgets=(1.0, 0.2), remat_budgets=(), max_memory=1)
-    with pytest.warns(PlanWarning, match=r"^plan_step: .* Training with the smallest plan\.$") as record:
+    with pytest.warns(MemPlanWarning, match=r"^plan_step: .* Training with the smallest plan\.$") as record:
         planned = plan_step(model, settings=settings, args=(x,), optimizer=opt)
-    assert [str(w.message) for w in record if w.category is PlanWarning] == list(planned.warnings)
+    assert [str(w.message) for w in record if w.category is MemPlanWarning] == list(planned.warnings)
     assert record[0].filename == __file__
     peaks = [c.peak_bytes for c in planned.plan.candidates if c.peak_bytes is not None]
     assert planned.plan.candidates[planned.plan.chosen].peak_bytes == min(peaks)
@@ -206,7 +206,19 @@ def test_candidates_that_could_not_be_forecast_are_said(monkeypatch: pytest.Monk
     monkeypatch.setattr(grid, "forecast_sweep", no_grid)
     model, x, opt = _setup()
     settings = _settings(budget="auto", candidate_budgets=(1.0, 0.5, 0.05), remat_budgets=())
-    with pytest.warns(PlanWarning, match=r"^plan_step: 1 of 3 candidate plans could not be forecast .*budget 0\.05.*"
+    with pytest.warns(MemPlanWarning, match=r"^plan_step: 1 of 3 candidate plans could not be forecast .*budget 0\.05.*"
                       r"cannot be forecast"):
         planned = plan_step(model, settings=settings, args=(x,), optimizer=opt)
     assert planned.plan.candidates[planned.plan.chosen].budget != 0.05
+
+
+def test_auto_backend_resolves_by_device_and_plan_step_refuses_it_unresolved() -> None:
+    auto = PlanSettings.from_args("plan_step")
+    assert auto.backend == "auto"
+    assert auto.on_device("cuda").backend == "inductor"
+    assert auto.on_device(torch.device("cpu")).backend == "aot_eager"
+    assert _settings().on_device("cuda").backend == "aot_eager"  # an explicit backend is kept
+    with pytest.raises(ValueError, match=r"backend='nope'.*Expected 'auto' \(inductor on CUDA"):
+        PlanSettings.from_args("plan_step", backend="nope")
+    with pytest.raises(ValueError, match=r"resolved backend"):
+        plan_step(nn.Linear(2, 2), settings=auto, args=(torch.randn(1, 2),))

@@ -22,6 +22,14 @@ def test_parse_bytes_rejects_with_named_argument(bad: object) -> None:
         parse_bytes(bad)  # type: ignore[arg-type]
 
 
+def test_parse_bytes_takes_any_integer_type_and_whole_floats() -> None:
+    np = pytest.importorskip("numpy")
+    assert parse_bytes(np.int64(2**33)) == 2**33 and type(parse_bytes(np.int64(5))) is int
+    assert parse_bytes(20e9) == 20_000_000_000 and parse_bytes(np.float32(1024.0)) == 1024
+    with pytest.raises(ValueError, match=r"`max_memory=inf` is not a byte size"):
+        parse_bytes(float("inf"))
+
+
 def test_parse_bytes_negative_int() -> None:
     with pytest.raises(ValueError, match=r"`limit=-1` is negative"):
         parse_bytes(-1, argument="limit")
