@@ -6,21 +6,35 @@ import time
 
 from tabulate import tabulate
 
+DESCRIPTION = (
+    "Benchmark the knapsack solvers behind activation checkpointing: ours (greedy, dp, hirschberg, "
+    "ilp) against torch's four, on the same seeded instances (n items, memory normalized to sum 1, "
+    "runtimes in FLOPs). Prints four tables: per (n, solver) the median time, the memory added, the "
+    "optimality gap, budget violations, crashes and time-outs; one Pareto-frontier pass against the "
+    "100 dp solves of torch's knee search; our dp against the memory-bandwidth floor; and the knee "
+    "budget each side picks. torch's ilp runs in a separate process with a time-out."
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``bench`` subcommand to the ``memplan`` parser."""
+    """Add the ``bench`` subcommand to the ``memplan`` parser (every option's help shows its default)."""
     p = subparsers.add_parser(
-        "bench", help="knapsack solvers: ours vs torch's, side by side, on seeded instances"
+        "bench", help="knapsack solvers: ours vs torch's, side by side, on seeded instances",
+        description=DESCRIPTION,
     )
-    p.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000, 3000],
-                   help="numbers of items (default: 50 200 1000 3000)")
-    p.add_argument("--seeds", type=int, default=3, help="instances per size (default: 3)")
+    p.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000, 3000], metavar="N",
+                   help="numbers of items, one table row group each (default: 50 200 1000 3000)")
+    p.add_argument("--seeds", type=int, default=3,
+                   help="seeded instances per size (default: %(default)s)")
     p.add_argument("--budget", type=float, default=0.5,
-                   help="memory budget, normalized units (default: 0.5)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per call (median)")
-    p.add_argument("--torch-timeout", type=float, default=60.0,
-                   help="seconds before torch's ilp_knapsack is reported as a time-out")
-    p.add_argument("--frontier-n", type=int, default=300, help="items for the frontier row")
+                   help="memory budget, normalized units (items sum to 1) (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed repeats per call; the median is reported (default: %(default)s)")
+    p.add_argument("--torch-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="seconds before torch's ilp_knapsack is reported as a time-out "
+                        "(default: %(default)s)")
+    p.add_argument("--frontier-n", type=int, default=300, metavar="N",
+                   help="items of the instance the frontier and knee tables use (default: %(default)s)")
     p.set_defaults(func=run)
 
 

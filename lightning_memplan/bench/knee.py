@@ -59,7 +59,7 @@ def knee_rows(sizes: list[int], seed: int = 0) -> list[list[str]]:
         cost_min, cost_span = cost.min(), np.ptp(cost)
         # torch's knee plan, as our exact solver realizes that budget
         value, saved, _ = dp_knapsack(memory, runtimes, torch_budget, complete=False)
-        used = int(quantize_sizes(memory[saved], fr.scale).sum()) / fr.scale
+        used = int(quantize_sizes(memory[saved], fr.scale).sum()) / float(fr.scale)
         d_torch = math.hypot(
             (used - mem_min) / mem_span, (fr.total_runtime - value - cost_min) / cost_span
         )

@@ -8,8 +8,10 @@ solvers, so the two can be compared side by side. ``pareto_frontier`` returns ev
 Guarantees (all solvers): a plan never exceeds ``max_memory`` in real units; saved and recomputed
 indices partition ``range(n)``; zero-size items are always saved; items larger than the budget are
 never saved; bad input raises ``ValueError`` naming the argument. ``dp`` and ``hirschberg`` are
-optimal for the problem quantized at ``scale`` (10,000 steps per unit by default); ``ilp`` is
-optimal on the real values unless its time limit hits (then it warns).
+optimal for the problem quantized at ``scale`` (10,000 steps per unit by default; coarsened by a
+power of two when the budget would span more than ``MAX_QUANTA`` = 2**20 quanta); ``ilp`` is
+optimal on the real values unless its time limit hits (then it warns). Sizes may be any finite
+numbers >= 0, however large or small (``1e-300`` next to ``1e30``).
 """
 from __future__ import annotations
 

@@ -13,6 +13,14 @@ one. Products within ``1e-9`` (relative) of an integer snap to it, so ``1e-4 * 1
 quantum, not two. Snapping can, in rare float-noise cases, admit a plan whose exact sum is a few
 ulps over ``max_memory``; :func:`fits` detects that and the solvers then re-solve with *strict*
 rounding (exact rational ceil/floor), which can never exceed the budget.
+
+Extreme scales: sizes may be any finite number >= 0 (``1e-300`` to ``1e308``, mixed). Items larger
+than ``max_memory`` are never quantized (they are never saved), so no size overflows an integer.
+The budget spans at most :data:`MAX_QUANTA` quanta: when ``max_memory * scale`` is larger, the
+solvers quantize at ``scale / 2**k`` steps per unit instead, with the least ``k`` that brings the
+budget within ``MAX_QUANTA`` (see :func:`effective_scale`; a power of two keeps ``memory * scale``
+as exact as before). They are then optimal for the problem quantized at that coarser step, which
+still resolves the budget to better than one part in ``MAX_QUANTA / 2``.
 """
 from __future__ import annotations
 
@@ -25,6 +33,11 @@ import numpy as np
 
 DEFAULT_SCALE = 10_000
 """Quantization steps per unit of normalized memory (torch uses the same 10,000)."""
+
+MAX_QUANTA = 2**20
+"""Most quanta the budget of ``dp`` / ``hirschberg`` may span (one DP row of float64 is 8 MiB;
+``dp``'s decision table is ``n x 128`` KiB). With torch's normalized units (budget <= 1) and the
+default scale the budget spans 10,000 quanta, far below this."""
 
 _SNAP = 1e-9
 
@@ -103,16 +116,36 @@ def validate_scale(scale: int) -> int:
     return int(scale)
 
 
-def quantize_sizes(memory: np.ndarray, scale: int, *, strict: bool = False) -> np.ndarray:
+def effective_scale(max_memory: float | Fraction, scale: int) -> Fraction:
+    """Steps per unit the quantized solvers use for a budget of ``max_memory`` units.
+
+    ``scale`` itself while ``floor(max_memory * scale) <= MAX_QUANTA``; otherwise
+    ``scale / 2**k`` with the least ``k >= 1`` that brings ``floor(max_memory * s)`` within
+    ``MAX_QUANTA`` (computed exactly, so any finite ``max_memory`` works).
+    """
+    quanta = math.floor(Fraction(max_memory) * scale)
+    if quanta <= MAX_QUANTA:
+        return Fraction(scale)
+    # q < (q // M + 1) * M <= 2**k * M for k = (q // M).bit_length()
+    return Fraction(scale, 2 ** (quanta // MAX_QUANTA).bit_length())
+
+
+def quantize_sizes(
+    memory: np.ndarray, scale: int | Fraction, *, strict: bool = False
+) -> np.ndarray:
     """Item sizes in quanta (int64), rounded up; near-integers snap unless ``strict``.
 
+    ``memory * scale`` must stay below ``2**62`` (callers quantize only items that fit the budget
+    at an :func:`effective_scale`); a larger product raises ``OverflowError`` rather than wrap.
     Invariant: ``q[i] == 0`` exactly when ``memory[i] == 0``.
     """
     if strict:
         return np.array(
             [math.ceil(Fraction(float(m)) * scale) for m in memory], dtype=np.int64
         )
-    x = memory * scale
+    x = memory * float(scale)
+    if x.size and not float(x.max()) < 2.0**62:
+        raise OverflowError(f"{float(x.max())!r} quanta do not fit in int64; quantize fewer items")
     r = np.rint(x)
     snap = np.abs(x - r) <= _SNAP * np.maximum(1.0, np.abs(x))
     q = np.where(snap, r, np.ceil(x)).astype(np.int64)
@@ -120,11 +153,11 @@ def quantize_sizes(memory: np.ndarray, scale: int, *, strict: bool = False) -> n
     return np.where(memory > 0, np.maximum(q, 1), 0)
 
 
-def quantize_budget(max_memory: float, scale: int, *, strict: bool = False) -> int:
+def quantize_budget(max_memory: float, scale: int | Fraction, *, strict: bool = False) -> int:
     """The budget in quanta, rounded down; a near-integer snaps unless ``strict``."""
     if strict:
         return math.floor(Fraction(max_memory) * scale)
-    x = max_memory * scale
+    x = max_memory * float(scale)
     r = round(x)
     if abs(x - r) <= _SNAP * max(1.0, abs(x)):
         return int(r)
@@ -140,7 +173,10 @@ def fits(memory: np.ndarray, saved: Sequence[int] | np.ndarray, max_memory: floa
     idx = np.asarray(saved, dtype=np.int64)
     if idx.size == 0:
         return True
-    total = math.fsum(memory[idx])
+    try:
+        total = math.fsum(memory[idx])
+    except OverflowError:  # sizes are >= 0: a sum beyond the float range exceeds any budget
+        return False
     # fsum is the exact sum correctly rounded, and rounding is monotone: only a tie with the
     # budget leaves the answer open, and then exact rational arithmetic settles it.
     if total != max_memory:

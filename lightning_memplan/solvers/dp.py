@@ -7,6 +7,13 @@ unused (with 3,000 items, a fifth of the budget): the quantized optimum is then 
 in density order, the items that still fit in real units. The value returned is therefore at least
 the quantized optimum, and never above the real one.
 
+Any finite sizes >= 0 work, from ``1e-300`` to ``1e308`` in one call: items larger than the budget
+are set aside before quantizing, and a budget that would span more than
+:data:`~lightning_memplan.solvers._problem.MAX_QUANTA` quanta (``max_memory * scale > 2**20``, e.g.
+sizes in bytes) is quantized at ``scale / 2**k`` steps per unit instead, the least ``k`` that fits;
+the optimum is then the one of that coarser quantization (the completion step still fills in real
+units). Tiny items cost one quantum each in the DP.
+
 Deterministic rules, in this order:
 
 1. zero-size items are always saved (they cost nothing);
@@ -28,6 +35,7 @@ from lightning_memplan.solvers import _kernels
 from lightning_memplan.solvers._problem import (
     DEFAULT_SCALE,
     Problem,
+    effective_scale,
     fill_by_density,
     fits,
     quantize_budget,
@@ -50,15 +58,22 @@ def _solve_quantized(
 ) -> np.ndarray:
     """Saved mask of the quantized optimum (then completed when ``complete``); re-solves with
     strict rounding if float noise broke real-unit feasibility (see ``_problem``)."""
+    mem = problem.memory
+    step = effective_scale(problem.max_memory, scale)
+    # only items within the budget are quantized: larger ones are never saved, and their quanta
+    # could exceed int64 (a size of 1e15 at 10,000 steps per unit is 1e19 quanta)
+    within = np.flatnonzero((mem > 0) & (mem <= problem.max_memory) & (problem.runtimes > 0))
     for strict in (False, True):
-        q = quantize_sizes(problem.memory, scale, strict=strict)
-        capacity = quantize_budget(problem.max_memory, scale, strict=strict)
-        saved = problem.memory == 0
-        cand = np.flatnonzero((q > 0) & (q <= capacity) & (problem.runtimes > 0))
+        qw = quantize_sizes(mem[within], step, strict=strict)
+        capacity = quantize_budget(problem.max_memory, step, strict=strict)
+        saved = mem == 0
+        keep = qw <= capacity
+        cand, qw = within[keep], qw[keep]
         # smallest items first (stable): makes the DP's reach bound effective; see _kernels
-        cand = cand[np.argsort(q[cand], kind="stable")]
+        order = np.argsort(qw, kind="stable")
+        cand, qw = cand[order], qw[order]
         if cand.size:
-            qc = np.ascontiguousarray(q[cand])
+            qc = np.ascontiguousarray(qw)
             total = int(qc.sum())
             if total <= capacity:
                 saved[cand] = True
@@ -100,7 +115,8 @@ def dp_knapsack(
         memory: per-item memory, normalized units (finite, >= 0).
         runtimes: per-item value of saving it (runtime avoided; finite, >= 0).
         max_memory: budget in the units of ``memory`` (finite, >= 0).
-        scale: quantization steps per unit of memory.
+        scale: quantization steps per unit of memory (a positive int); coarsened by a power of
+            two when ``max_memory * scale`` exceeds ``MAX_QUANTA`` (see the module docstring).
         complete: after the quantized optimum, also save the items that still fit in real units
             (density order). ``False`` returns the quantized optimum itself.
 
@@ -108,7 +124,8 @@ def dp_knapsack(
         ``(value, saved_idx, recomputed_idx)``: the summed runtime of the saved items and two
         ascending index lists that partition ``range(n)``.
 
-    Memory: ``n x (budget * scale) / 8`` bytes for the decision bits plus one float64 row.
+    Memory: ``n x (budget * scale) / 8`` bytes for the decision bits plus one float64 row; at most
+    ``n x 128`` KiB plus 8 MiB, as the budget spans at most ``MAX_QUANTA`` quanta.
     """
     problem = validate(memory, runtimes, max_memory)
     saved = _solve_quantized(problem, validate_scale(scale), _dp_kernel, complete=complete)

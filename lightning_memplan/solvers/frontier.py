@@ -3,17 +3,25 @@
 One quantized DP row over every capacity from 0 to the total memory gives, for each budget, the
 best runtime that can be kept; the frontier is the staircase of capacities where that value
 strictly increases. This replaces torch's knee search, which runs 100 separate solves.
+
+Any finite sizes >= 0 work: when the total memory would span more than
+:data:`~lightning_memplan.solvers._problem.MAX_QUANTA` quanta at ``scale``, the frontier is computed
+at ``scale / 2**k`` steps per unit (the least ``k`` that fits; :attr:`ParetoFrontier.scale` says
+which), so the row stays at most about 8 MiB however large the sizes are.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from lightning_memplan.solvers import _kernels
 from lightning_memplan.solvers._problem import (
     DEFAULT_SCALE,
+    effective_scale,
     quantize_sizes,
     validate,
     validate_scale,
@@ -31,13 +39,16 @@ class ParetoFrontier:
     """
 
     memory: np.ndarray
-    """Quantized memory of each optimal plan, in the normalized units of the input (float64)."""
+    """Quantized memory of each optimal plan, in the normalized units of the input (float64;
+    ``inf`` for a plan whose memory exceeds the float range, only with sizes near ``1e308``)."""
     runtime: np.ndarray
     """Runtime kept (summed runtime of saved items) of each optimal plan (float64)."""
     total_runtime: float
     """Summed runtime of all items (saving everything)."""
-    scale: int
-    """Quantization steps per unit of memory used to compute the frontier."""
+    scale: Fraction
+    """Quantization steps per unit of memory used to compute the frontier: the ``scale`` asked
+    for, or that divided by a power of two when the total memory would span more than
+    ``MAX_QUANTA`` quanta."""
 
     def best_runtime(self, budget: float) -> float:
         """Best runtime kept within ``budget`` (normalized units); 0-budget plans included."""
@@ -69,23 +80,32 @@ def pareto_frontier(
     Args:
         memory: per-item memory, normalized units (finite, >= 0).
         runtimes: per-item value of saving it (finite, >= 0).
-        scale: quantization steps per unit (sizes rounded up, as in ``dp``).
+        scale: quantization steps per unit (sizes rounded up, as in ``dp``); coarsened by a power
+            of two when ``total_memory * scale`` exceeds ``MAX_QUANTA``.
 
-    Cost: ``n x total_memory x scale`` cell updates, ``total_memory x scale`` float64 of memory.
+    Cost: ``n x total_memory x scale`` cell updates, ``total_memory x scale`` float64 of memory
+    (at most about ``n x MAX_QUANTA`` updates and ``8 x MAX_QUANTA`` bytes).
     """
     problem = validate(memory, runtimes, 0.0)
-    s = validate_scale(scale)
-    q = quantize_sizes(problem.memory, s)
-    rt = problem.runtimes
-    base = float(np.sum(rt[q == 0]))
-    cand = np.flatnonzero((q > 0) & (rt > 0))
-    qc = np.ascontiguousarray(q[cand])
+    mem, rt = problem.memory, problem.runtimes
+    base = float(np.sum(rt[mem == 0]))
+    cand = np.flatnonzero((mem > 0) & (rt > 0))
+    try:
+        total: float | Fraction = math.fsum(mem[cand])
+    except OverflowError:  # beyond the float range: sum exactly
+        total = sum((Fraction(float(m)) for m in mem[cand]), Fraction(0))
+    s = effective_scale(total, validate_scale(scale))
+    qc = np.ascontiguousarray(quantize_sizes(mem[cand], s))
     capacity = int(qc.sum())
     best = _kernels.frontier_row(qc, np.ascontiguousarray(rt[cand]), capacity)
     steps = np.flatnonzero(np.diff(best) > 0) + 1
     idx = np.concatenate(([0], steps))
+    # idx / s with s = numerator / 2**j (effective_scale divides by powers of two): one rounding,
+    # and a point beyond the float range reads inf
+    with np.errstate(over="ignore"):
+        memory = np.ldexp(idx / float(s.numerator), s.denominator.bit_length() - 1)
     return ParetoFrontier(
-        memory=idx.astype(np.float64) / s,
+        memory=memory,
         runtime=best[idx] + base,
         total_runtime=float(rt.sum()),
         scale=s,

@@ -80,7 +80,8 @@ def _reduce(problem: Problem, cand: np.ndarray, incumbent: float) -> tuple[np.nd
     """
     m, r = problem.memory[cand], problem.runtimes[cand]
     order = np.argsort(-(r / m), kind="stable")
-    cum = np.cumsum(m[order])
+    with np.errstate(over="ignore"):  # sizes near 1e308: an infinite tail sum is still right here
+        cum = np.cumsum(m[order])
     b = int(np.searchsorted(cum, problem.max_memory, side="right"))
     d = float(r[order[min(b, cand.size - 1)]] / m[order[min(b, cand.size - 1)]])
     reduced = r - d * m

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import csv
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,11 +76,52 @@ def test_demo_cli_rejects_bad_flags(argv: list[str], match: str, capsys: pytest.
     assert match in capsys.readouterr().err
 
 
-def test_demo_reports_a_bad_max_memory_by_name() -> None:
-    with pytest.raises(SystemExit, match="max_memory"):
-        main(["demo", "--max-memory", "lots", "--no-progress-bar"])
-    with pytest.raises(SystemExit, match=r"remat_budgets=\(1\.5,\)\)`: 1\.5 is not a valid activation memory budget"):
-        main(["demo", "--remat-budgets", "1.5", "--no-progress-bar"])
+_PARSE_WITHOUT_TORCH = """
+import contextlib, io, json, sys
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "lightning", "pytorch_lightning"):
+            raise ImportError(f"{name} is made unimportable: the flags must be checked first")
+sys.meta_path.insert(0, _NoTorch())
+from lightning_memplan.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            main(["demo", *argv])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def test_issue_24_demo_checks_every_flag_before_importing_torch(tmp_path: Path) -> None:
+    # in a fresh interpreter where torch and lightning cannot be imported: each bad flag is reported
+    # by name, with its value and what is allowed, exit code 2, while argparse reads the flags
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [
+        (["--epochs", "0"], "`--epochs 0` is not valid. Expected a whole number >= 1."),
+        (["--batches", "2.5"], "`--batches 2.5` is not valid. Expected a whole number >= 1."),
+        (["--budget", "1.5"], "`--budget 1.5` is not valid. Expected 'auto' or a number in [0, 1]."),
+        (["--budget", "nan"], "`--budget nan` is not valid."),
+        (["--max-memory", "lots"], "`--max-memory lots` is not valid. Expected a byte size such as 16MiB"),
+        (["--candidate-budgets", "0.5", "2"], "`--candidate-budgets 2` is not valid. Expected a budget in [0, 1]"),
+        (["--remat-budgets", "1.5"], "`--remat-budgets 1.5` is not valid. Expected a budget in [0, 1]"),
+        (["--out", str(a_file)], f"`--out {a_file}` is not valid. Expected a directory"),
+        (["--solver", "nope"], "argument --solver: invalid choice: 'nope'"),
+    ]
+    proc = subprocess.run([sys.executable, "-c", _PARSE_WITHOUT_TORCH, json.dumps([argv for argv, _ in cases])],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for (argv, message), (code, err) in zip(cases, json.loads(proc.stdout), strict=True):
+        assert code == 2, (argv, code, err)
+        assert message in err, (argv, err)
+        assert "DemoOptions" not in err and "Traceback" not in err
 
 
 def test_the_candidates_table_names_each_plans_kind() -> None:

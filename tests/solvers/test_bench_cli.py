@@ -26,3 +26,23 @@ def test_bench_prints_side_by_side_tables(capsys: pytest.CaptureFixture[str]) ->
 def test_bench_rejects_bad_counts() -> None:
     with pytest.raises(SystemExit, match=r"--seeds, --repeats and --sizes must be >= 1, got seeds=0"):
         main(["bench", "--seeds", "0"])
+
+
+def test_issue_24_bench_help_describes_the_command_and_every_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "Benchmark the knapsack solvers" in text and "torch's four" in text
+    options = text[text.index("options:"):]
+    expected = {
+        "--sizes": "50 200 1000 3000", "--seeds": "3", "--budget": "0.5", "--repeats": "3",
+        "--torch-timeout": "60.0", "--frontier-n": "300",
+    }
+    flags = list(expected)
+    for k, flag in enumerate(flags):
+        start = options.index(f" {flag} ")
+        end = options.index(f" {flags[k + 1]} ") if k + 1 < len(flags) else len(options)
+        assert f"(default: {expected[flag]})" in options[start:end], (flag, options[start:end])

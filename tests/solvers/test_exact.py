@@ -57,6 +57,27 @@ def test_quantized_solvers_are_optimal_for_the_quantized_problem(solver) -> None
         assert opt.quantized * (1 - 1e-12) <= done <= opt.real * (1 + 1e-12)
 
 
+@pytest.mark.parametrize("name", ["greedy", "dp", "hirschberg", "ilp"])
+def test_issue_24_any_finite_sizes_match_the_oracle(name: str) -> None:
+    # sizes from 1e-300 to 1e300, often in one instance: no OverflowError, every plan feasible in
+    # exact arithmetic, dp/hirschberg optimal at their (coarsened) quantization, ilp on real values
+    rng = np.random.default_rng(24)
+    solver = get_solver(name)
+    for _ in range(300):
+        memory, runtimes, budget = random_instance(rng, int(rng.integers(1, 11)), "extreme")
+        opt = optima(memory, runtimes, budget)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # neither time-limit nor numpy overflow warnings
+            value = _check_plan(memory, runtimes, budget, solver(memory, runtimes, budget))
+            if name in ("dp", "hirschberg"):
+                raw = _check_plan(memory, runtimes, budget, solver(memory, runtimes, budget, complete=False))
+                assert raw == pytest.approx(opt.quantized, rel=1e-12, abs=0)
+                assert opt.quantized * (1 - 1e-12) <= value
+        if name == "ilp":
+            assert value == pytest.approx(opt.real, rel=1e-9, abs=0)
+        assert value <= opt.real * (1 + 1e-12)
+
+
 def test_ilp_is_optimal_on_real_values() -> None:
     for memory, runtimes, budget in _instances(600, seed=2):
         if len(memory) == 0:

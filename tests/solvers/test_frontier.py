@@ -1,11 +1,14 @@
 """pareto_frontier against brute force and against per-budget dp solves."""
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import pytest
 
 from lightning_memplan.solvers import dp_knapsack, pareto_frontier
-from lightning_memplan.solvers._problem import quantize_sizes
+from lightning_memplan.solvers._problem import MAX_QUANTA, effective_scale, quantize_sizes
 
 from .oracle import random_instance, subsets
 
@@ -27,6 +30,27 @@ def test_frontier_matches_brute_force_staircase() -> None:
         assert fr.runtime[-1] == pytest.approx(runtimes[runtimes > 0].sum() + 0.0, rel=1e-12)
         assert np.all(np.diff(fr.memory) > 0) and np.all(np.diff(fr.runtime) > 0)
         assert fr.total_runtime == pytest.approx(runtimes.sum())
+
+
+def test_issue_24_frontier_of_any_finite_sizes() -> None:
+    # sizes up to 1e300: the frontier coarsens its step by a power of two and stays exact for it
+    rng = np.random.default_rng(2424)
+    for _ in range(200):
+        n = int(rng.integers(1, 9))
+        memory, runtimes, _ = random_instance(rng, n, "extreme")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fr = pareto_frontier(memory, runtimes)
+        assert fr.scale == effective_scale(math.fsum(memory), 10_000)
+        q = quantize_sizes(memory, fr.scale)
+        assert q.sum() <= MAX_QUANTA + n
+        b = subsets(n)
+        qsum, value = b.astype(np.int64) @ q, b @ runtimes
+        caps = np.unique(np.concatenate(([0], qsum)))
+        best = np.array([value[qsum <= c].max(initial=0.0) for c in caps])
+        keep = np.concatenate(([True], np.diff(best) > 0))
+        assert np.array_equal(fr.memory, caps[keep] / float(fr.scale))
+        assert np.allclose(fr.runtime, best[keep], rtol=1e-12, atol=0)
 
 
 def test_frontier_agrees_with_dp_at_every_budget() -> None:

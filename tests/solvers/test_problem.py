@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from lightning_memplan.solvers import SOLVER_NAMES, get_solver, pareto_frontier
-from lightning_memplan.solvers._problem import fits, quantize_budget, quantize_sizes
+from lightning_memplan.solvers._problem import (
+    MAX_QUANTA,
+    effective_scale,
+    fits,
+    quantize_budget,
+    quantize_sizes,
+)
 
 
 @pytest.mark.parametrize("name", SOLVER_NAMES)
@@ -16,6 +23,8 @@ from lightning_memplan.solvers._problem import fits, quantize_budget, quantize_s
     [
         ([0.1, math.nan], [1.0, 1.0], 0.5, r"`memory\[1\]` must be a finite non-negative number, got nan"),
         ([0.1, -0.2], [1.0, 1.0], 0.5, r"`memory\[1\]` must be a finite non-negative number, got -0.2"),
+        ([math.inf, 0.2], [1.0, 1.0], 0.5, r"`memory\[0\]` must be a finite non-negative number, got inf"),
+        ([0.1, -math.inf], [1.0, 1.0], 0.5, r"`memory\[1\]` must be a finite non-negative number, got -inf"),
         ([0.1, 0.2], [math.inf, 1.0], 0.5, r"`runtimes\[0\]` must be a finite non-negative number, got inf"),
         ([0.1, 0.2], [1.0, -3.0], 0.5, r"`runtimes\[1\]` must be .* got -3.0"),
         ([0.1, 0.2], [1.0], 0.5, r"one entry per item, got 2 and 1 entries"),
@@ -49,6 +58,24 @@ def test_bad_scale(scale: object) -> None:
 def test_bad_time_limit() -> None:
     with pytest.raises(ValueError, match=r"`time_limit` must be a positive number of seconds, got 0"):
         get_solver("ilp")([0.1], [1.0], 0.5, time_limit=0)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("budget", [0.0, 1.0, 104.0, 105.0, 6e9, 1e15, 1e30, 1.7e308])
+def test_effective_scale_keeps_the_budget_within_max_quanta(budget: float) -> None:
+    step = effective_scale(budget, 10_000)
+    quanta = quantize_budget(budget, step, strict=True)
+    if budget * 10_000 <= MAX_QUANTA:
+        assert step == 10_000  # the documented scale, untouched
+    else:  # the least power-of-two coarsening that fits: halving less would not
+        assert MAX_QUANTA // 2 < quanta <= MAX_QUANTA
+        ratio = 10_000 / step
+        assert ratio.denominator == 1 and ratio.numerator & (ratio.numerator - 1) == 0  # 2**k
+        assert math.floor(Fraction(budget) * step * 2) > MAX_QUANTA
+
+
+def test_quantize_sizes_refuses_to_wrap() -> None:
+    with pytest.raises(OverflowError, match="do not fit in int64"):
+        quantize_sizes(np.array([1e15]), 10_000)
 
 
 def test_quantization_rounds_sizes_up_and_budget_down() -> None:

@@ -2,8 +2,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from lightning_memplan.solvers import dp_knapsack, greedy_knapsack, hirschberg_knapsack
+from lightning_memplan.solvers import (
+    dp_knapsack,
+    get_solver,
+    greedy_knapsack,
+    hirschberg_knapsack,
+    ilp_knapsack,
+)
 from lightning_memplan.solvers._problem import fits
 
 
@@ -51,3 +58,22 @@ def test_float_noise_falls_back_to_strict_rounding() -> None:
     # snapped quantization says three 1e-4 items fit in 3e-4; their exact sum does not
     value, saved, _ = dp_knapsack([1e-4] * 3, [1.0] * 3, 3e-4)
     assert len(saved) == 2 and fits(np.array([1e-4] * 3), saved, 3e-4)
+
+
+@pytest.mark.parametrize("name", ["greedy", "dp", "hirschberg", "ilp"])
+@pytest.mark.parametrize(
+    ("memory", "runtimes", "budget", "saved"),
+    [
+        ([1e15, 3e14, 7e14], [1.0, 2.0, 3.0], 1e15, [1, 2]),  # OverflowError in dp and hirschberg
+        ([1e15, 0.3], [10.0, 1.0], 0.5, [1]),  # 1e19 quanta wrapped to one quantum, then overflowed
+        ([4e9, 3e9, 2e9, 1e9], [4.0, 3.5, 2.0, 1.1], 6e9, [1, 2, 3]),  # bytes: a 6e13-quanta table
+        ([1e30, 1e-30, 0.5, 3e29, 6e29], [5.0, 1.0, 2.0, 3.0, 4.0], 1e30, [1, 2, 3, 4]),
+        ([1e-300, 1e-300, 2e-300], [1.0, 1.0, 3.0], 2e-300, [2]),
+        ([1e308, 1e308, 5e307], [1.0, 2.0, 3.0], 1.5e308, [1, 2]),  # sums beyond the float range
+    ],
+)
+def test_issue_24_huge_and_tiny_sizes(name: str, memory, runtimes, budget, saved) -> None:
+    value, got, _ = get_solver(name)(memory, runtimes, budget)
+    assert got == saved == ilp_knapsack(memory, runtimes, budget)[1]
+    assert value == sum(runtimes[i] for i in saved)
+    assert fits(np.asarray(memory), got, budget)
