@@ -23,11 +23,11 @@ class MemPlanWarning(UserWarning):
     """Planning fell back or changed course; training goes on."""
 
 
-def error_summary(exc: BaseException, limit: int = 300) -> str:
-    """``"Type: first line"`` of the error at the root of ``exc``'s chain (followed through
+def error_summary(exc: BaseException, limit: int = 400) -> str:
+    """``"Type: first line"`` of ``exc`` and, when its chain goes deeper (followed through
     ``inner_exception``, as torch's ``BackendCompilerFailed`` holds it, then ``__cause__`` and an
-    unsuppressed ``__context__``), at most ``limit`` characters; the outermost error's type is named
-    too when it is another (``"BackendCompilerFailed <- RuntimeError: codegen exploded"``)."""
+    unsuppressed ``__context__``), of the error at its root: ``"RuntimeError: no plan left (from
+    CheckpointError: ...)"``; at most ``limit`` characters."""
     root, seen = exc, {id(exc)}
     while True:
         nxt = (getattr(root, "inner_exception", None) or root.__cause__
@@ -36,10 +36,11 @@ def error_summary(exc: BaseException, limit: int = 300) -> str:
             break
         root = nxt
         seen.add(id(root))
-    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-    text = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
-    if root is not exc:
-        text = f"{type(exc).__name__} <- {text}"
+    def line(e: BaseException) -> str:
+        lines = [text.strip() for text in str(e).splitlines() if text.strip()]
+        return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+    text = line(exc) if root is exc else f"{line(exc)} (from {line(root)})"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

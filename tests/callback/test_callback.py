@@ -172,9 +172,9 @@ def test_compile_failure_falls_back_and_training_goes_on(tmp_path: Path, monkeyp
         _trainer(tmp_path, cb, epochs=1).fit(model)
     [said] = [str(w.message) for w in record if "uncompiled" in str(w.message)]
     # the root cause's type and first line, not torch's nested reprs; the whole chain on an attribute
-    assert said == ("MemPlanCallback: compiling the planned forward failed: BackendCompilerFailed <- RuntimeError: "
-                    "codegen exploded. Training goes on with the module uncompiled (the whole error: "
-                    "callback.fallback_error).")
+    assert said.startswith("MemPlanCallback: compiling the planned forward failed: BackendCompilerFailed: ")
+    assert said.endswith(" (from RuntimeError: codegen exploded). Training goes on with the module uncompiled (the "
+                         "whole error: callback.fallback_error).") and "\n" not in said and len(said) < 600
     assert cb.fallback_reason is not None and "codegen exploded" in cb.fallback_reason
     assert type(cb.fallback_error).__name__ == "BackendCompilerFailed"
     assert "forward" not in model.__dict__

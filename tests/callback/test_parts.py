@@ -288,13 +288,13 @@ def test_error_summary_is_the_root_cause_in_one_line() -> None:
         except KeyError as inner:
             raise RuntimeError("outer\nsecond line") from inner
     except RuntimeError as exc:
-        assert error_summary(exc) == "RuntimeError <- KeyError: 'inner'"
+        assert error_summary(exc) == "RuntimeError: outer (from KeyError: 'inner')"
     assert error_summary(ValueError("a\n  b")) == "ValueError: a"
     assert error_summary(ValueError()) == "ValueError"
     assert error_summary(ValueError("x" * 500), limit=20) == "ValueError: xxxxx..."
     wrapped = RuntimeError("backend='memplan' raised:")
     wrapped.inner_exception = TypeError("bad graph\nmore")  # type: ignore[attr-defined]  # torch's wrapper
-    assert error_summary(wrapped) == "RuntimeError <- TypeError: bad graph"
+    assert error_summary(wrapped) == "RuntimeError: backend='memplan' raised: (from TypeError: bad graph)"
 
 
 # ---------------------------------------------------------------------------- reporter
