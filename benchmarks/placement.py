@@ -3,10 +3,10 @@
     python benchmarks/placement.py                      # shared inputs A-F + random, 60 s limit
     python benchmarks/placement.py --time-limit 10 --random 5 --only A F
     python benchmarks/placement.py --data DIR           # another folder of minimalloc CSVs
-    python benchmarks/placement.py --only none --random 0 --perfect 4 --slack 1.0 1.05
+    python benchmarks/placement.py --only none --random 0 --perfect 6 --slack 1.0 1.05
 
 A second table covers perfect packings (``benchmarks/perfect_packing.py``: a 1000-step x 1 MiB
-rectangle cut into 160-420 buffers, so the optimum arena is exactly 1 MiB) at several capacities
+rectangle cut into 160-420 buffers, four by guillotine cuts and two with pinwheels, so the optimum arena is exactly 1 MiB) at several capacities
 (``--slack``, multiples of the optimum): per algorithm, whether the plan is complete at the
 optimum, its arena over the optimum, and the seconds taken. The greedy heuristics are its peers.
 
@@ -81,6 +81,8 @@ def run_one(name: str, buffers: list[Buffer] | tuple[Buffer, ...], capacity: int
 PERFECT = [  # (buffers, alignment in bytes, pinwheel probability): guillotine and non-guillotine cuts
     (160, 1, 0.0),
     (240, 512, 0.0),
+    (330, 1, 0.0),
+    (420, 256, 0.0),
     (330, 1, 0.2),
     (420, 256, 0.2),
 ]
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random", type=int, default=3, help="random instances per size (default 3)")
     parser.add_argument("--sizes", type=int, nargs="*", default=[50, 500], help="random instance sizes")
     parser.add_argument("--algorithms", nargs="*", default=list(ALGORITHMS), choices=list(ALGORITHMS))
-    parser.add_argument("--perfect", type=int, default=4, help="perfect packings (default 4; 0: none)")
+    parser.add_argument("--perfect", type=int, default=len(PERFECT), help=f"perfect packings (default {len(PERFECT)}; 0: none)")
     parser.add_argument("--slack", type=float, nargs="*", default=[1.0, 1.02, 1.05, 1.1],
                         help="capacities for the perfect packings, as multiples of the optimum")
     args = parser.parse_args(argv)
