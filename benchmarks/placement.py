@@ -3,6 +3,12 @@
     python benchmarks/placement.py                      # shared inputs A-F + random, 60 s limit
     python benchmarks/placement.py --time-limit 10 --random 5 --only A F
     python benchmarks/placement.py --data DIR           # another folder of minimalloc CSVs
+    python benchmarks/placement.py --only none --random 0 --perfect 6 --slack 1.0 1.05
+
+A second table covers perfect packings (``benchmarks/perfect_packing.py``: a 1000-step x 1 MiB
+rectangle cut into 160-420 buffers, four by guillotine cuts and two with pinwheels, so the optimum arena is exactly 1 MiB) at several capacities
+(``--slack``, multiples of the optimum): per algorithm, whether the plan is complete at the
+optimum, its arena over the optimum, and the seconds taken. The greedy heuristics are its peers.
 
 Each row: the instance, the algorithm, the capacity it was given, the arena (bytes) over the lower bound (peak live bytes), the
 seconds until the returned plan was found and in total, and whether the search proved optimality.
@@ -19,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 from tabulate import tabulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from perfect_packing import perfect_packing  # noqa: E402
 
 from lightning_memplan.placement import ALGORITHMS, Buffer, Plan, get_algorithm, peak_live, read_csv, validate
 
@@ -69,6 +78,46 @@ def run_one(name: str, buffers: list[Buffer] | tuple[Buffer, ...], capacity: int
     ]
 
 
+PERFECT = [  # (buffers, alignment in bytes, pinwheel probability): guillotine and non-guillotine cuts
+    (160, 1, 0.0),
+    (240, 512, 0.0),
+    (330, 1, 0.0),
+    (420, 256, 0.0),
+    (330, 1, 0.2),
+    (420, 256, 0.2),
+]
+
+
+def perfect_rows(count: int, slacks: list[float], algorithms: list[str], limit: float) -> list[list[object]]:
+    """One row per perfect packing, capacity (``slack`` x optimum) and algorithm; each plan validated."""
+    rows: list[list[object]] = []
+    optimum = 2**20
+    for k in range(count):
+        n, alignment, pinwheels = PERFECT[k % len(PERFECT)]
+        buffers, _ = perfect_packing(k, n, capacity=optimum, alignment=alignment, pinwheels=pinwheels)
+        name = f"perfect#{k} align={alignment}" + (" pinwheel" if pinwheels else "")
+        runs = [(slack, a) for slack in slacks for a in algorithms if a == "search"]
+        runs += [(None, a) for a in algorithms if a != "search"]  # a greedy ignores slack: unbounded room
+        for slack, algorithm in runs:
+            unbounded = sum(b.size + b.alignment for b in buffers)
+            capacity = unbounded if slack is None else int(optimum * slack) // 512 * 512
+            started = time.perf_counter()
+            plan = get_algorithm(algorithm)(buffers, capacity, time_limit=limit)
+            total = time.perf_counter() - started
+            verdict = validate(plan)
+            if not verdict and verdict.failure.value != "unplaced":
+                raise SystemExit(f"{name} {algorithm}: INVALID plan: {verdict.message}")
+            arena = plan.arena[0] if plan.feasible else None
+            rows.append([
+                name, len(buffers), "unbounded" if slack is None else f"{slack:.2f}x", algorithm,
+                "yes" if arena == optimum else "no",
+                f"{arena / optimum:.4f}" if arena is not None else f"- ({len(plan.unplaced)} unplaced)",
+                f"{total:.2f}",
+            ])
+            print(" | ".join(str(x) for x in rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DATA, help=f"folder of minimalloc CSVs (default {DATA})")
@@ -77,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random", type=int, default=3, help="random instances per size (default 3)")
     parser.add_argument("--sizes", type=int, nargs="*", default=[50, 500], help="random instance sizes")
     parser.add_argument("--algorithms", nargs="*", default=list(ALGORITHMS), choices=list(ALGORITHMS))
+    parser.add_argument("--perfect", type=int, default=len(PERFECT), help=f"perfect packings (default {len(PERFECT)}; 0: none)")
+    parser.add_argument("--slack", type=float, nargs="*", default=[1.0, 1.02, 1.05, 1.1],
+                        help="capacities for the perfect packings, as multiples of the optimum")
     args = parser.parse_args(argv)
 
     rows: list[list[object]] = []
@@ -97,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(" | ".join(str(x) for x in rows[-1]), file=sys.stderr, flush=True)
     headers = ["instance", "buffers", "algorithm", "capacity B", "arena B", "live peak B", "arena/live", "s to best", "s total", "status"]
     print(tabulate(rows, headers=headers, disable_numparse=True, colalign=("left", "right", "left", "right", "right", "right", "right", "right", "right", "left")))
+    if args.perfect:
+        perfect = perfect_rows(args.perfect, args.slack, args.algorithms, args.time_limit)
+        print()
+        print(tabulate(
+            perfect,
+            headers=["perfect packing", "buffers", "capacity", "algorithm", "at optimum", "arena/optimum", "s total"],
+            disable_numparse=True,
+            colalign=("left", "right", "right", "left", "left", "right", "right"),
+        ))
     return 0
 
 

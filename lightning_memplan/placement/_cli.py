@@ -3,6 +3,12 @@
 Reads minimalloc's CSV (``id,lower,upper,size``; half-open lifetimes), places the buffers in one
 memory space of ``--capacity`` bytes, prints the usage table and optionally writes the plan with an
 ``offset`` column. Exit codes: 0 placed, 1 the buffers do not fit, 2 bad input.
+
+A ``--capacity`` below the peak of live bytes fails at once, before any search. When buffers are
+left unplaced no arena is printed (a partial plan has none worth quoting): the summary says how many
+were placed, and ``--out`` gets the best partial placement, each unplaced buffer's ``offset`` cell
+left empty. The first search on a machine compiles the numba kernels; that is announced on stderr
+when their on-disk cache looks cold.
 """
 from __future__ import annotations
 
@@ -11,10 +17,11 @@ import re
 import sys
 from pathlib import Path
 
+from lightning_memplan.placement._decide import is_warm, kernels_cached
 from lightning_memplan.placement.algorithms import ALGORITHMS, get_algorithm
 from lightning_memplan.placement.bounds import peak_live
 from lightning_memplan.placement.io import read_csv, write_csv
-from lightning_memplan.placement.model import MemorySpace
+from lightning_memplan.placement.model import MemorySpace, check_fits
 from lightning_memplan.placement.search import DEFAULT_TIME_LIMIT
 from lightning_memplan.placement.table import format_usage
 
@@ -91,6 +98,21 @@ def run(args: argparse.Namespace) -> int:
     """Run ``memplan place``; returns the exit code (0 placed, 1 does not fit, 2 bad input)."""
     try:
         buffers = read_csv(args.file)
+        check_fits(buffers, (MemorySpace(name="mem", capacity=args.capacity),))
+    except ValueError as err:
+        print(f"memplan place: error: {err}", file=sys.stderr)
+        return 2
+    live, at = peak_live(buffers)
+    if live > args.capacity:  # no algorithm can help: say so before any search
+        print(
+            f"memplan place: error: `--capacity {args.capacity}` bytes is below the peak of live bytes, {live} "
+            f"(at time step {at}), so no placement fits. Expected --capacity >= {live}.",
+            file=sys.stderr,
+        )
+        return 1
+    if args.algorithm == "search" and not is_warm() and not kernels_cached():
+        print("compiling the placement kernels once (about a minute the first time)...", file=sys.stderr, flush=True)
+    try:
         plan = get_algorithm(args.algorithm)(
             buffers, MemorySpace(name="mem", capacity=args.capacity), time_limit=args.time_limit
         )
@@ -98,27 +120,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"memplan place: error: {err}", file=sys.stderr)
         return 2
     print(format_usage(plan))
-    status = "optimal" if plan.optimal else ("time limit reached, best plan so far" if plan.timed_out else "not proven optimal")
-    print(f"{args.algorithm}: {len(buffers)} buffers, arena {plan.arena[0]} bytes ({status}), {plan.seconds:.2f} s")
     if not plan.feasible:
-        live = peak_live(buffers)[0]
+        placed = len(buffers) - len(plan.unplaced)
         why = (
-            "the live bytes alone exceed it"
-            if live > args.capacity
-            else "no packing exists" if args.algorithm == "search" and not plan.timed_out
+            "no packing exists" if args.algorithm == "search" and not plan.timed_out
             else "none was found" + (" within the time limit" if plan.timed_out else f" by {args.algorithm}")
         )
+        print(f"{args.algorithm}: {placed} of {len(buffers)} buffers placed, {len(plan.unplaced)} not, {plan.seconds:.2f} s")
         print(
             f"memplan place: error: {len(plan.unplaced)} of {len(buffers)} buffers do not fit in "
             f"--capacity {args.capacity} bytes ({why}; peak live bytes {live}). Raise --capacity"
-            + (
-                "."
-                if live > args.capacity
-                else " or --time-limit." if args.algorithm == "search" else " or try --algorithm search."
-            ),
+            + (" or --time-limit." if args.algorithm == "search" else " or try --algorithm search."),
             file=sys.stderr,
         )
+        if args.out is not None:
+            write_csv(args.out, plan, partial=True)
+            print(f"wrote {args.out} (partial: the {len(plan.unplaced)} unplaced buffers have an empty offset)")
         return 1
+    status = "optimal" if plan.optimal else ("time limit reached, best plan so far" if plan.timed_out else "not proven optimal")
+    print(f"{args.algorithm}: {len(buffers)} buffers, arena {plan.arena[0]} bytes ({status}), {plan.seconds:.2f} s")
     if args.out is not None:
         write_csv(args.out, plan)
         print(f"wrote {args.out}")

@@ -28,7 +28,11 @@ Units: bytes and sections; lifetimes half-open. Internal module: the public entr
 """
 from __future__ import annotations
 
+import copy
+import os
 import time
+from collections.abc import Generator
+from pathlib import Path
 
 import numpy as np
 
@@ -72,6 +76,28 @@ def sweep(lower: list[int], upper: list[int]) -> tuple[np.ndarray, np.ndarray, l
 
 
 _warm = False
+
+
+def kernels_cached() -> bool:
+    """Whether numba's on-disk cache of the search kernels looks current, so that :func:`warm_up`
+    only loads them (a fraction of a second) instead of compiling them (about a minute): the cache
+    index of the main kernel exists and is newer than the kernels' source. A cheap guess from file
+    times; numba itself decides (and recompiles on a stale index)."""
+    source = Path(K.__file__)
+    roots = [source.parent / "__pycache__"]
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        roots.append(Path(os.environ["NUMBA_CACHE_DIR"]))
+    mtime = source.stat().st_mtime
+    for root in roots:
+        for index in root.rglob("_kernels.run-*.nbi") if root.is_dir() else ():
+            if index.stat().st_mtime >= mtime:
+                return True
+    return False
+
+
+def is_warm() -> bool:
+    """Whether :func:`warm_up` has run in this process."""
+    return _warm
 
 
 def warm_up() -> None:
@@ -125,7 +151,12 @@ class Decider:
         self.ovp = np.asarray(ovp, dtype=i64)
         self.ovi = np.asarray(ovi, dtype=i64)
         self.heuristics = [np.asarray([K.KEYS[c] for c in h], dtype=i64) for h in heuristics]
-        # Search state (reused by every attempt).
+        self.ureserve = int(np.diff(self.ovp).max(initial=0)) + 2 * self.nsec + 1
+        self._allocate()
+
+    def _allocate(self) -> None:
+        """Fresh search state (reused by every attempt of this object)."""
+        n, i64 = self.n, np.int64
         self.st = np.zeros(K.ST_LEN, dtype=i64)
         self.frames = np.zeros((n + 2, K.NF), dtype=i64)
         self.decs = np.zeros((n + 2, K.ND), dtype=i64)
@@ -136,11 +167,18 @@ class Decider:
         self.rem = np.zeros(self.nsec, dtype=i64)
         self.cuts = np.zeros(self.nsec, dtype=i64)
         self.solution = np.zeros(n, dtype=i64)
-        self.ureserve = int(np.diff(self.ovp).max(initial=0)) + 2 * self.nsec + 1
-        self.ulog_i = np.zeros(len(ovi) + self.ureserve, dtype=i64)
-        self.ulog_v = np.zeros(len(ovi) + self.ureserve, dtype=i64)
+        self.ulog_i = np.zeros(len(self.ovi) + self.ureserve, dtype=i64)
+        self.ulog_v = np.zeros(len(self.ovi) + self.ureserve, dtype=i64)
         self.dirty = np.zeros(self.nsec, dtype=i64)
         self.dstamp = np.zeros(self.nsec, dtype=i64)
+
+    def fork(self) -> Decider:
+        """A decider for the same problem with its own search state, so that two searches (say at
+        two capacities) can run interleaved; the read-only problem arrays are shared."""
+        other = copy.copy(self)
+        other.nodes = 0
+        other._allocate()
+        return other
 
     # ------------------------------------------------------------------ search
     def solve(self, capacity: int, deadline: float) -> list[int] | None:
@@ -148,6 +186,19 @@ class Decider:
 
         Raises :class:`Timeout` when ``deadline`` (``time.perf_counter()`` seconds) passes first.
         """
+        steps = self.steps(capacity)
+        while True:
+            if time.perf_counter() > deadline:
+                raise Timeout
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def steps(self, capacity: int) -> Generator[None, None, list[int] | None]:
+        """:meth:`solve` one compiled slice at a time: yields between slices (a few milliseconds
+        apart) so that the caller can check a clock or interleave several searches; returns the
+        offsets (bytes) or ``None`` when no packing within ``capacity`` exists."""
         if self.n == 0:
             return []
         if int(self.total0.max()) > capacity or int(self.size.max()) > capacity:
@@ -156,14 +207,15 @@ class Decider:
         while True:
             limit *= 2
             for heur in self.heuristics:
-                status = self._attempt(capacity, heur, limit, deadline)
+                status = yield from self._attempt(capacity, heur, limit)
                 if status == K.FOUND:
                     return [int(x) for x in self.solution]
                 if status == K.INFEASIBLE:
                     return None
 
-    def _attempt(self, capacity: int, heur: np.ndarray, limit: int, deadline: float) -> int:
-        """One attempt with a static order under a node limit: FOUND, INFEASIBLE or BUDGET."""
+    def _attempt(self, capacity: int, heur: np.ndarray, limit: int) -> Generator[None, None, int]:
+        """One attempt with a static order under a node limit: FOUND, INFEASIBLE or BUDGET (yields
+        before every compiled slice)."""
         if self.pool.shape[0] < self.n or self.parts.shape[0] < self.nsec:  # what ``reset`` fills
             self.pool = K.grown(self.pool, self.n)
             self.parts = K.grown(self.parts, self.nsec)
@@ -173,8 +225,7 @@ class Decider:
         )
         remaining = limit
         while remaining > 0:
-            if time.perf_counter() > deadline:
-                raise Timeout
+            yield
             status, used = K.run(
                 min(_SLICE, remaining), capacity, self.unit_alignment,
                 self.st, self.frames, self.parts, self.decs, self.pool, self.cand, self.mo, self.rem, self.cuts,

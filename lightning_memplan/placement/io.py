@@ -3,7 +3,9 @@
 Input header: ``id,lower,upper,size`` (any column order; an optional ``alignment`` column in bytes
 and an ``offset`` column, which is ignored, are also accepted). Lifetimes are half-open
 ``[lower, upper)`` time steps, sizes in bytes. Output: the same columns plus ``offset`` (bytes),
-and ``space`` when the plan has more than one memory space.
+and ``space`` when the plan has more than one memory space. A partial plan (``write_csv(...,
+partial=True)``) marks each unplaced buffer with an **empty** ``offset`` (and ``space``) cell; every
+other row is placed and valid.
 """
 from __future__ import annotations
 
@@ -74,11 +76,16 @@ def read_csv(path: str | Path) -> tuple[Buffer, ...]:
     return tuple(buffers)
 
 
-def write_csv(path: str | Path, plan: Plan) -> None:
-    """Write ``plan`` as CSV: ``id,lower,upper,size,offset`` (+ ``alignment``, ``space`` when needed)."""
-    if not plan.feasible:
+def write_csv(path: str | Path, plan: Plan, *, partial: bool = False) -> None:
+    """Write ``plan`` as CSV: ``id,lower,upper,size,offset`` (+ ``alignment``, ``space`` when needed).
+
+    With ``partial=True`` a plan that leaves buffers unplaced is written too, with an empty
+    ``offset`` (and ``space``) cell for each unplaced buffer; otherwise such a plan is an error.
+    """
+    if not plan.feasible and not partial:
         raise ValueError(
-            f"`plan` leaves {len(plan.unplaced)} buffer(s) unplaced. Expected a feasible plan to write."
+            f"`plan` leaves {len(plan.unplaced)} buffer(s) unplaced. Expected a feasible plan to write "
+            "(or partial=True to write the unplaced ones with an empty offset)."
         )
     aligned = any(b.alignment != 1 for b in plan.buffers)
     several = len(plan.spaces) > 1
@@ -88,8 +95,9 @@ def write_csv(path: str | Path, plan: Plan) -> None:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(header)
         for b, s, o in zip(plan.buffers, plan.space, plan.offset):
-            row: list[object] = [b.id, b.lower, b.upper, b.size] + ([b.alignment] if aligned else []) + [o]
+            placed = s is not None and o is not None
+            row: list[object] = [b.id, b.lower, b.upper, b.size] + ([b.alignment] if aligned else [])
+            row.append(o if placed else "")
             if several:
-                assert s is not None  # feasible
-                row.append(plan.spaces[s].name)
+                row.append(plan.spaces[s].name if placed and s is not None else "")
             writer.writerow(row)

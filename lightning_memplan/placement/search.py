@@ -58,20 +58,34 @@ class _Space:
         ``incumbent`` (offsets within ``capacity``) seeds the upper bound. A ``None`` result means no
         packing within ``capacity`` exists (not timed out) or none was found in time (timed out).
         ``self.found_at`` is the ``perf_counter`` time when the returned offsets were found.
+
+        The search goes from the bound up: without an incumbent it races a search at the lower bound
+        (two compiled slices in three) against one at ``capacity``, so slack never hides a packing
+        that the tight search finds (a packing at the bound answers every capacity); then it bisects.
         """
         self.found_at = time.perf_counter()
         best = incumbent
+        lo = self.lower_bound
         if best is None:
-            try:
-                best = self.decider.solve(capacity, deadline)
-            except Timeout:
-                return None, False, True
-            if best is None:
-                return None, False, False
-            self.found_at = time.perf_counter()
+            race = [(lo, self.decider)] + ([(capacity, self.decider.fork())] if capacity > lo else [])
+            while best is None:
+                try:
+                    target, found = _race(race, deadline)
+                except Timeout:
+                    return None, False, True
+                self.found_at = time.perf_counter()
+                if found is not None:
+                    best = found
+                elif target == capacity:
+                    return None, False, False  # proven: nothing fits within capacity
+                else:
+                    lo = target + 1
+                    race = [(t, d) for t, d in race if t != target]
+            if self.arena(best) <= lo:
+                return best, True, False
         # Probe the lower bound first (often tight), then bisect. A probe gets half the time left,
         # so a hard "no" cannot eat the budget; an undecided target sends the next probe upward.
-        lo, hi = self.lower_bound, self.arena(best)
+        hi = self.arena(best)
         target, cut = lo, False
         while lo <= target < hi:
             now = time.perf_counter()
@@ -90,6 +104,26 @@ class _Space:
                 self.found_at = time.perf_counter()
             target = (lo + hi) // 2
         return best, lo >= hi, cut
+
+
+_WEIGHTS = (2, 1)
+"""Compiled slices per turn of the searches raced by :func:`_race` (the first, tightest, gets more)."""
+
+
+def _race(probes: list[tuple[int, Decider]], deadline: float) -> tuple[int, list[int] | None]:
+    """Run decision searches ``(capacity in bytes, decider)`` interleaved, slice by slice, until one
+    answers; returns its capacity and answer (offsets or ``None``: no packing). Each decider must be
+    its own object (:meth:`Decider.fork`). Raises :class:`Timeout` at ``deadline``."""
+    runs = [(cap, d.steps(cap), _WEIGHTS[min(k, len(_WEIGHTS) - 1)]) for k, (cap, d) in enumerate(probes)]
+    while True:
+        for cap, steps, weight in runs:
+            for _ in range(weight):
+                if time.perf_counter() > deadline:
+                    raise Timeout
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return cap, done.value
 
 
 def exact_search(

@@ -3,9 +3,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from perfect_packing import perfect_packing
 
 from lightning_memplan.cli import main
-from lightning_memplan.placement import MemorySpace, Plan, read_csv, validate
+from lightning_memplan.placement import MemorySpace, Plan, greedy_by_size, read_csv, validate
+from lightning_memplan.placement import _cli
 from lightning_memplan.placement._cli import parse_bytes
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "minimalloc"  # shipped copy of ../shared/data/minimalloc
@@ -40,12 +42,78 @@ def test_place_shared_input_with_greedy(tmp_path: Path, capsys: pytest.CaptureFi
     assert "greedy_by_size: 154 buffers, arena 1374208 bytes" in capsys.readouterr().out
 
 
-def test_place_exits_1_when_buffers_do_not_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_issue_24_capacity_below_live_peak_fails_before_any_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = tmp_path / "in.csv"
-    src.write_text("id,lower,upper,size\n0,0,2,4\n1,0,2,4\n")
+    src.write_text("id,lower,upper,size\n0,0,2,4\n1,1,2,4\n")
+
+    def no_search(name: str) -> object:
+        raise AssertionError(f"algorithm {name!r} was looked up although nothing can fit")
+
+    monkeypatch.setattr(_cli, "get_algorithm", no_search)
     assert main(["place", str(src), "--capacity", "6"]) == 1
-    err = capsys.readouterr().err
-    assert "1 of 2 buffers do not fit in --capacity 6 bytes (the live bytes alone exceed it; peak live bytes 8)" in err
+    captured = capsys.readouterr()
+    assert "`--capacity 6` bytes is below the peak of live bytes, 8 (at time step 1)" in captured.err
+    assert "Expected --capacity >= 8." in captured.err
+    assert "arena" not in captured.out
+
+
+def test_issue_25_failure_reports_placed_and_writes_the_partial_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A perfect packing of 16 KiB that greedy by size, given exactly 16 KiB, cannot complete.
+    bufs, _ = perfect_packing(3, 30, steps=100, capacity=2**14)
+    src = tmp_path / "in.csv"
+    src.write_text("id,lower,upper,size\n" + "".join(f"{b.id},{b.lower},{b.upper},{b.size}\n" for b in bufs))
+    left = len(greedy_by_size(bufs, 2**14).unplaced)
+    assert left >= 1
+    out = tmp_path / "out.csv"
+    code = main(["place", str(src), "--capacity", "16KiB", "--algorithm", "greedy_by_size", "--out", str(out)])
+    assert code == 1
+    captured = capsys.readouterr()
+    assert f"greedy_by_size: {30 - left} of 30 buffers placed, {left} not" in captured.out
+    assert "arena" not in captured.out.splitlines()[-2]  # the summary line quotes no arena
+    assert f"{left} of 30 buffers do not fit in --capacity 16384 bytes (none was found by greedy_by_size" in captured.err
+    rows = [r.split(",") for r in out.read_text().splitlines()]
+    assert rows[0] == ["id", "lower", "upper", "size", "offset"]
+    assert sum(r[4] == "" for r in rows[1:]) == left
+    bufs = read_csv(out)
+    placed = [i for i, r in enumerate(rows[1:]) if r[4] != ""]
+    plan = Plan(
+        buffers=tuple(bufs[i] for i in placed),
+        spaces=(MemorySpace(name="m", capacity=2**14),),
+        space=(0,) * len(placed),
+        offset=tuple(int(rows[1 + i][4]) for i in placed),
+        algorithm="csv",
+    )
+    assert validate(plan)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_issue_24_compile_is_announced_only_when_the_cache_is_cold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text("id,lower,upper,size\n0,0,2,4\n1,0,4,4\n")
+    monkeypatch.setattr(_cli, "is_warm", lambda: False)
+    monkeypatch.setattr(_cli, "kernels_cached", lambda: cached)
+    assert main(["place", str(src), "--capacity", "8", "--time-limit", "10"]) == 0
+    announced = "compiling the placement kernels once (about a minute the first time)..." in capsys.readouterr().err
+    assert announced is not cached
+
+
+def test_kernels_cached_reads_numba_index_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_memplan.placement import _decide
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_decide.K, "__file__", str(tmp_path / "src" / "_kernels.py"))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "_kernels.py").write_text("")
+    assert not _decide.kernels_cached()
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "_kernels.run-200.py311.nbi").write_text("")
+    assert _decide.kernels_cached()
 
 
 @pytest.mark.parametrize(

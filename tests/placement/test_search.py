@@ -5,12 +5,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _oracle import brute_force_arena, random_buffers
+from perfect_packing import perfect_packing
 
 from lightning_memplan.placement import (
     Buffer,
     Failure,
     MemorySpace,
+    _decide,
     exact_search,
+    greedy_by_position,
     greedy_by_size,
     peak_live,
     read_csv,
@@ -107,3 +110,36 @@ def test_rejects_bad_arguments() -> None:
     original = list(bufs)
     exact_search(bufs, 8, time_limit=None)
     assert bufs == original
+
+
+@pytest.mark.parametrize(("seed", "pinwheels", "alignment"), [(0, 0.0, 1), (1, 0.3, 512), (2, 0.2, 256)])
+def test_issue_25_more_slack_never_gives_a_worse_answer(seed: int, pinwheels: float, alignment: int) -> None:
+    optimum = 2**16
+    bufs, _ = perfect_packing(seed, 40, steps=200, capacity=optimum, granularity=512, alignment=alignment,
+                              pinwheels=pinwheels)
+    tight = exact_search(bufs, optimum, time_limit=20)
+    assert validate(tight) and tight.optimal and tight.arena == (optimum,)
+    for slack in (1.02, 1.05, 1.10):
+        plan = exact_search(bufs, int(optimum * slack), time_limit=20)
+        assert validate(plan), slack
+        assert plan.feasible and plan.arena[0] <= tight.arena[0], slack
+        assert plan.optimal, slack
+
+
+def test_issue_25_search_asks_the_lower_bound_before_the_slack_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Greedy cannot pack at 1.05x, so the search must decide; its first (or raced) question is
+    # the live peak, which a perfect packing answers (and which answers every looser capacity).
+    bufs, _ = perfect_packing(3, 40, steps=200, capacity=2**16, granularity=512)
+    asked: list[int] = []
+    steps = _decide.Decider.steps
+
+    def spy(self: _decide.Decider, capacity: int):  # type: ignore[no-untyped-def]
+        asked.append(capacity)
+        return steps(self, capacity)
+
+    monkeypatch.setattr(_decide.Decider, "steps", spy)
+    capacity = int(2**16 * 1.05)
+    assert not greedy_by_size(bufs, capacity).feasible and not greedy_by_position(bufs, capacity).feasible
+    plan = exact_search(bufs, capacity, time_limit=20)
+    assert asked[0] == peak_live(bufs)[0] == 2**16
+    assert validate(plan) and plan.optimal and plan.arena == (2**16,)
