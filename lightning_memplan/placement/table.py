@@ -64,16 +64,19 @@ def usage(plan: Plan) -> list[SpaceUsage]:
 
 
 def format_usage(plan: Plan, *, tablefmt: str = "simple") -> str:
-    """The usage table as text (``tabulate`` format ``tablefmt``), with arena / live-peak ratios."""
+    """The usage table as text (``tabulate`` format ``tablefmt``), with arena / live-peak ratios.
+    A partial plan (some buffers unplaced) shows no arena nor ratio: they would not be the arena of
+    any placement of all the buffers."""
+    partial = bool(plan.unplaced)
     body = [
         [
             r.name,
             r.capacity,
             r.buffers,
-            r.arena,
+            None if partial else r.arena,
             r.live_peak,
             r.peak_time,
-            r.arena / r.live_peak if r.live_peak and r.name != "unplaced" else None,
+            r.arena / r.live_peak if r.live_peak and r.name != "unplaced" and not partial else None,
         ]
         for r in usage(plan)
     ]

@@ -28,4 +28,8 @@ def test_usage_rows_per_space_all_and_unplaced() -> None:
     assert (left.buffers, left.live_peak, left.capacity) == (1, 32, None)
     text = format_usage(plan)
     assert "arena/live" in text and "sram" in text and "unplaced" in text
-    assert "1.000" in text
+    # a partial plan quotes no arena and no ratio: the placed buffers' top is no answer
+    [row] = [line.split() for line in text.splitlines() if line.startswith("all spaces")]
+    assert row == ["all", "spaces", "80", "3", "28", "3"]  # capacity, buffers, live peak, its step: no arena
+    whole = Plan(buffers=BUFS, spaces=SPACES, space=(0, 0, 1, 1), offset=(0, 8, 0, 16), algorithm="hand")
+    assert "1.000" in format_usage(whole) and "48" in format_usage(whole)
