@@ -22,6 +22,7 @@ from lightning_memplan.demo.data import make_dataloader
 from lightning_memplan.demo.model import GPT, MODEL_SIZES, Block
 from lightning_memplan.forecasting.capture import REASON_WORDS
 from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
+from lightning_memplan.planner.settings import auto_backend
 from lightning_memplan.units import format_bytes
 
 __all__ = ["DemoOptions", "DemoResult", "EpochRow", "default_backend", "run_demo"]
@@ -32,9 +33,9 @@ DEMO_BUDGETS: tuple[float, ...] = (1.0, 0.3)
 
 
 def default_backend() -> Literal["inductor", "aot_eager"]:
-    """``"inductor"`` on a CUDA machine; ``"aot_eager"`` on CPU, where inductor's C++ code
-    generation makes every compile several times slower (same partitioner, same plan)."""
-    return "inductor" if torch.cuda.is_available() else "aot_eager"
+    """The backend the demo's device gets by ``backend="auto"``
+    (:func:`~lightning_memplan.planner.settings.auto_backend`): inductor on a CUDA machine, else aot_eager."""
+    return auto_backend("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,8 +216,8 @@ def _print_report(result: DemoResult) -> None:
         print(f"Plan in force: budget {plan.budget:g}, {len(plan.checkpoint)} checkpointed block(s)"
               f"{' (' + ', '.join(plan.checkpoint) + ')' if plan.checkpoint else ''}, solver {plan.solver}, "
               f"backend {plan.backend}; {plan.reason or 'given'}.")
-        if plan.trade_off():
-            print(f"The trade-off: {plan.trade_off()}.")
+        if (trade_off := plan.trade_off()) is not None:
+            print(f"The trade-off: {trade_off}.")
         if plan.candidates:
             print("\nCandidate plans (forecast peak above the baseline of "
                   f"{format_bytes(plan.baseline_bytes)} for parameters, their gradients, optimizer state "

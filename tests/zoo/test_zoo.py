@@ -61,29 +61,23 @@ def test_zoo_model_is_planned_and_forecast_within_3_percent(tmp_path: Path, name
     assert all(abs(e) < 0.03 for e in errors), (errors, cb.plan, said)
 
 
-def test_an_output_the_step_never_reads_lives_to_the_end_of_the_forward_under_inductor(tmp_path: Path) -> None:
-    """Llama (grouped-query attention) with ``.loss`` from ``labels=``: its output also holds the KV
-    cache. The user's compiled forward returns the cache, so its keys and values live to the end of
-    the forward; in the forecast's graph the stand-in loss summed each, and inductor scheduled each
-    sum right after its tensor and freed it early: the forecast was 4.6% low. One sum over all the
-    outputs (an extern kernel after the last of them) keeps them, as the user's forward does."""
-    torch.manual_seed(0)
-    cb = MemPlanCallback(0.5)  # inductor, the default backend
-    trainer = _fit(tmp_path, ZooModule("llama_gqa", "loss"), [cb], epochs=1)
-    assert cb.plan is not None and cb.fallback_reason is None
-    (error,) = _errors(trainer)
-    assert abs(error) < 0.01, error
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_outputs_the_step_never_reads_are_timed_as_the_users_forward_holds_them_under_inductor(
+        tmp_path: Path, name: str) -> None:
+    """``.loss`` from ``labels=``: the output object also holds the KV cache.
 
-
-def test_outputs_a_loss_region_does_not_read_die_in_the_eager_code_under_inductor(tmp_path: Path) -> None:
-    """GPT-2 with ``.loss`` from ``labels=``: dynamo compiles the loss as a region of its own, and
-    the KV cache goes from the model's region straight to the eager code, which drops it with the
-    output object. Under inductor the cache is no tensor its region saved, so the forecast held it
-    as that region's outputs and counted it again in the eager code (+11.9%); it now dies there."""
+    - Llama (grouped-query attention): the user's compiled forward returns the cache, so its keys and
+      values live to the end of the forward; in the forecast's graph the stand-in loss summed each,
+      and inductor scheduled each sum right after its tensor and freed it early (4.6% low). One sum
+      over all the outputs (an extern kernel after the last of them) keeps them.
+    - GPT-2: dynamo compiles the loss as a region of its own, and the cache goes from the model's
+      region straight to the eager code, which drops it with the output object. It is no tensor its
+      region saved, so the forecast held it as that region's outputs and counted it again in the
+      eager code (+11.9%); it now dies there."""
     torch.manual_seed(0)
-    cb = MemPlanCallback(0.5)  # inductor, the default backend
-    trainer = _fit(tmp_path, ZooModule("gpt2", "loss"), [cb], epochs=1)
-    assert cb.plan is not None and cb.fallback_reason is None
+    cb = MemPlanCallback(0.5, backend="inductor")
+    trainer = _fit(tmp_path, ZooModule(name, "loss"), [cb], epochs=1)
+    assert cb.plan is not None and cb.fallback_reason is None and cb.plan.backend == "inductor"
     (error,) = _errors(trainer)
     assert abs(error) < 0.01, error
 
