@@ -8,6 +8,11 @@ least one FLOP per output byte, because an op without FLOPs (a pointwise kernel)
 writes memory; a view costs 1. Random ops (``nondeterministic_seeded``) and impure ops are never
 recomputed; a multi-output op's tuple is never saved (its ``getitem`` items are).
 
+Repeated blocks: the values traced inside the children of one container (``layers.0``,
+``layers.1``, ...; :func:`repeated_groups`) that pose one problem are solved one block for all, the
+blocks' boundaries saved (:mod:`lightning_memplan.core.remat_parts`), so the MILPs' size and count do not
+grow with depth; other graphs are solved whole.
+
 Tagging: saved values get ``recompute = MUST_SAVE``, recomputed ones ``PREFER_RECOMPUTE``, all with
 one ``ac_graph_id``, exactly the tags selective activation checkpointing leaves under
 ``torch.compile``; torch's min-cut partitioner then honours them (run it at budget 1.0 so its own
@@ -16,6 +21,8 @@ knapsack does not run too).
 from __future__ import annotations
 
 import operator
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -24,11 +31,13 @@ import torch.fx as fx
 from lightning_memplan.core.remat import (
     RematProblem,
     RematSolution,
+    check_solution,
     remat_bounds,
     solve_remat_budget,
 )
+from lightning_memplan.core.remat_parts import RepeatedParts, parts_bounds, solve_parts_budget, split_repeated
 
-__all__ = ["REMAT_GRAPH_ID", "remat_problem", "tag_remat"]
+__all__ = ["REMAT_GRAPH_ID", "remat_problem", "repeated_groups", "tag_remat"]
 
 REMAT_GRAPH_ID = 20_000
 """The ``ac_graph_id`` the tags carry (checkpointing emulation uses 10_000 + block index)."""
@@ -79,11 +88,67 @@ def remat_problem(gm: fx.GraphModule) -> tuple[RematProblem, list[fx.Node]]:
     return problem, fwd
 
 
+_INDEXED = re.compile(r"^(.*)\.(\d+)$")
+
+
+def _module_paths(node: fx.Node) -> list[str]:
+    """The source paths of the modules ``node`` was traced in (``nn_module_stack``: each entry's
+    path, or its key on a torch that keys by path), list indices written ``.0``."""
+    out = []
+    for key, value in (node.meta.get("nn_module_stack") or {}).items():
+        path = value[0] if isinstance(value, tuple) and value and isinstance(value[0], str) else str(key)
+        out.append(re.sub(r"\[(\d+)\]", r".\1", path))
+    return out
+
+
+def repeated_groups(nodes: Sequence[fx.Node]) -> list[list[int]]:
+    """The values (positions in ``nodes``) of each child of the container with indexed children
+    (``layers.0``, ``layers.1``, ...) whose children hold the most values, one ascending list per
+    child in index order; ``[]`` when no container has two children with values.
+
+    A value traced inside a child belongs to it; a value without any module (an op of the joint
+    graph's backward that reads no gradient, such as a GELU's derivative of its saved input) belongs
+    to the last child its inputs come from (a child's input is the output of the one before it). Whether the
+    children pose the same problem is :func:`~lightning_memplan.core.remat_parts.split_repeated`'s
+    to check."""
+    owners: dict[str, dict[int, list[int]]] = {}
+    paths = [list(dict.fromkeys(_module_paths(n))) for n in nodes]
+    for i, ps in enumerate(paths):
+        for path in ps:
+            m = _INDEXED.match(path)
+            if m:
+                owners.setdefault(m.group(1), {}).setdefault(int(m.group(2)), []).append(i)
+    best = max((c for c in owners.values() if len(c) >= 2), key=lambda c: sum(map(len, c.values())), default=None)
+    if best is None:
+        return []
+    child = {i: k for k, members in best.items() for i in members}
+    index = {n: i for i, n in enumerate(nodes)}
+    for i, node in enumerate(nodes):
+        if paths[i] or i in child:
+            continue
+        kinds = [child[index[a]] for a in node.all_input_nodes if a in index and index[a] in child]
+        if kinds:
+            child[i] = max(kinds)
+    groups: dict[int, list[int]] = {}
+    for i in sorted(child):
+        groups.setdefault(child[i], []).append(i)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _split(problem: RematProblem, nodes: Sequence[fx.Node]) -> RepeatedParts | None:
+    """The problem cut at its repeated blocks (``None``: solve it whole)."""
+    groups = repeated_groups(nodes)
+    return split_repeated(problem, groups) if len(groups) >= 2 else None
+
+
 def tag_remat(gm: fx.GraphModule, budget: float,
               cache: dict[str, Any] | None = None) -> RematSolution:
     """Solve ``gm``'s problem at ``budget`` (see :func:`lightning_memplan.core.remat.solve_remat_budget`)
-    and tag its forward nodes with the plan. ``cache`` (a dict the caller keeps per joint graph)
-    holds the problem's bounds, so several budgets on copies of one graph solve them once.
+    and tag its forward nodes with the plan. A graph of repeated blocks (:func:`repeated_groups`
+    whose copies pose one problem) is solved one block for all, its boundaries saved
+    (:mod:`lightning_memplan.core.remat_parts`); any other graph whole. ``cache`` (a dict the caller
+    keeps per joint graph) holds the split and the bounds, so several budgets on copies of one graph
+    solve them once; ``cache["parts"]`` is the number of copies solved as one (1: the whole graph).
 
     Raises:
         ValueError: a budget outside [0, 1], or a graph without any plan.
@@ -92,9 +157,21 @@ def tag_remat(gm: fx.GraphModule, budget: float,
 
     problem, nodes = remat_problem(gm)
     memo = cache if cache is not None else {}
-    if "bounds" not in memo:
-        memo["bounds"] = remat_bounds(problem)
-    sol = solve_remat_budget(problem, budget, bounds=memo["bounds"])
+    if "split" not in memo:
+        memo["split"] = _split(problem, nodes)
+        memo["parts"] = len(memo["split"].groups) if memo["split"] is not None else 1
+    parts: RepeatedParts | None = memo["split"]
+    sol = None
+    if parts is not None:
+        if "part_bounds" not in memo:
+            memo["part_bounds"] = parts_bounds(parts)
+        sol = solve_parts_budget(parts, budget, bounds=memo["part_bounds"])
+        if check_solution(problem, sol.saved, sol.recomputed):  # never expected: the whole graph decides
+            memo["split"], memo["parts"], sol = None, 1, None
+    if sol is None:
+        if "bounds" not in memo:
+            memo["bounds"] = remat_bounds(problem)
+        sol = solve_remat_budget(problem, budget, bounds=memo["bounds"])
     for i in sol.saved:
         nodes[i].meta["recompute"] = CheckpointPolicy.MUST_SAVE
         nodes[i].meta["ac_graph_id"] = REMAT_GRAPH_ID
