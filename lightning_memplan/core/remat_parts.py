@@ -19,10 +19,9 @@ solved once:
   gradient for its input) joins the rest; without two alike, :func:`split_repeated` returns
   ``None`` and the caller solves the whole graph.
 
-The plan is valid for the whole problem (:func:`~lightning_memplan.core.remat.check_solution`) and
-costs at most what the parts' plans cost together; fixing the boundaries may save a boundary value the
-whole-graph optimum would recompute, so it can save a few more bytes than that optimum at the same
-cost. Pure data in, data out.
+The plan is valid for the whole problem (:func:`~lightning_memplan.core.remat.check_solution`), and
+each part's plan is that part's optimum at its cap. It is not the whole-graph optimum at a cap on the
+total: a boundary value is saved even where that optimum would recompute it. Pure data in, data out.
 """
 from __future__ import annotations
 

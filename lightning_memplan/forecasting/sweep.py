@@ -78,12 +78,17 @@ def _tag_checkpointed(gm: fx.GraphModule, blocks: Sequence[str], module_names: d
 def _tag_remat(gm: fx.GraphModule, budget: float, region: RegionCapture,
                bounds: dict[str, Any]) -> RematSolution | None:
     """Tag ``gm`` with the rematerialization plan at ``budget``; on failure the error is recorded
-    and None returned (the graph then partitions untagged: torch's plan at budget 1.0)."""
+    and None returned (the graph then partitions untagged: torch's plan at budget 1.0). A plan
+    HiGHS did not prove optimal within its time limit is used and said (``region.errors``)."""
     from lightning_memplan.forecasting.remat_graph import tag_remat
 
     t0 = time.perf_counter()
     try:
-        return tag_remat(gm, budget, bounds)
+        sol = tag_remat(gm, budget, bounds)
+        if not sol.optimal:
+            region.errors.append(f"remat plan (budget {budget!r}): HiGHS stopped at its time limit before proving "
+                                 "the plan optimal; the best plan it found is used")
+        return sol
     except Exception as err:  # noqa: BLE001 - planning must not break the compile
         region.errors.append(f"remat plan (budget {budget!r}): {type(err).__name__}: {err}; "
                              "partitioned as torch's budget 1.0")

@@ -187,3 +187,19 @@ def test_blocks_of_another_width_are_not_taken_for_copies(monkeypatch: pytest.Mo
     assert parts == [1]  # solved whole
     fc.step()
     assert measure_peak(fc.step) == pytest.approx(fc.peak_bytes, rel=0.01)
+
+
+def test_a_remat_plan_stopped_at_the_time_limit_is_used_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    import lightning_memplan.core.remat as remat
+
+    milp = remat._milp
+
+    def at_time_limit(*args):  # noqa: ANN002, ANN202 - HiGHS's answer at its time limit: a plan, not proved optimal
+        got = milp(*args)
+        return None if got is None else (got[0], False)
+
+    monkeypatch.setattr(remat, "_milp", at_time_limit)
+    model, x = _model()
+    fc = forecast(model, (x,), budget=0.4, solver="remat", backend="aot_eager")
+    assert fc.status == "ok" and fc.peak_bytes is not None
+    assert any("time limit" in p and "best plan it found" in p for p in fc.problems), fc.problems
