@@ -1,12 +1,16 @@
-"""Small readings of FX graphs: the forward part of a joint graph, and a node's FLOPs."""
+"""Small readings of FX graphs: the forward part of a joint graph, a node's FLOPs, the modules a
+node was traced in."""
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import torch.fx as fx
 
 from lightning_memplan._torch.partitioner import flop_registry
 from lightning_memplan._torch.storages import tree_map
 
-__all__ = ["forward_nodes", "node_flops"]
+__all__ = ["forward_nodes", "module_path", "node_flops"]
 
 
 def forward_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -38,3 +42,11 @@ def node_flops(node: fx.Node) -> int:
         return max(int(formula(*args, **kwargs, out_val=node.meta.get("val"))), 1)
     except Exception:  # noqa: BLE001 - an unusual signature must not break the partitioner
         return 1
+
+
+def module_path(key: object, value: Any) -> str:
+    """The source path of one ``nn_module_stack`` entry (``(path, type)`` values, or the key on a
+    torch that keys by path), list indices written ``.0`` (``L['model'].blocks[0]`` ->
+    ``L['model'].blocks.0``)."""
+    path = value[0] if isinstance(value, tuple) and value and isinstance(value[0], str) else str(key)
+    return re.sub(r"\[(\d+)\]", r".\1", path)

@@ -36,6 +36,7 @@ from lightning_memplan.core.remat import (
     solve_remat_budget,
 )
 from lightning_memplan.core.remat_parts import RepeatedParts, parts_bounds, solve_parts_budget, split_repeated
+from lightning_memplan.forecasting.fx import module_path
 
 __all__ = ["REMAT_GRAPH_ID", "remat_problem", "repeated_groups", "tag_remat"]
 
@@ -91,16 +92,6 @@ def remat_problem(gm: fx.GraphModule) -> tuple[RematProblem, list[fx.Node]]:
 _INDEXED = re.compile(r"^(.*)\.(\d+)$")
 
 
-def _module_paths(node: fx.Node) -> list[str]:
-    """The source paths of the modules ``node`` was traced in (``nn_module_stack``: each entry's
-    path, or its key on a torch that keys by path), list indices written ``.0``."""
-    out = []
-    for key, value in (node.meta.get("nn_module_stack") or {}).items():
-        path = value[0] if isinstance(value, tuple) and value and isinstance(value[0], str) else str(key)
-        out.append(re.sub(r"\[(\d+)\]", r".\1", path))
-    return out
-
-
 def repeated_groups(nodes: Sequence[fx.Node]) -> list[list[int]]:
     """The values (positions in ``nodes``) of each child of the container with indexed children
     (``layers.0``, ``layers.1``, ...) whose children hold the most values, one ascending list per
@@ -108,11 +99,12 @@ def repeated_groups(nodes: Sequence[fx.Node]) -> list[list[int]]:
 
     A value traced inside a child belongs to it; a value without any module (an op of the joint
     graph's backward that reads no gradient, such as a GELU's derivative of its saved input) belongs
-    to the last child its inputs come from (a child's input is the output of the one before it). Whether the
-    children pose the same problem is :func:`~lightning_memplan.core.remat_parts.split_repeated`'s
-    to check."""
+    to the last child its inputs come from (a child's input is the output of the one before it).
+    Whether the children pose the same problem is
+    :func:`~lightning_memplan.core.remat_parts.split_repeated`'s to check."""
     owners: dict[str, dict[int, list[int]]] = {}
-    paths = [list(dict.fromkeys(_module_paths(n))) for n in nodes]
+    paths = [list(dict.fromkeys(module_path(k, v) for k, v in (n.meta.get("nn_module_stack") or {}).items()))
+             for n in nodes]
     for i, ps in enumerate(paths):
         for path in ps:
             m = _INDEXED.match(path)
@@ -124,7 +116,7 @@ def repeated_groups(nodes: Sequence[fx.Node]) -> list[list[int]]:
     child = {i: k for k, members in best.items() for i in members}
     index = {n: i for i, n in enumerate(nodes)}
     for i, node in enumerate(nodes):
-        if paths[i] or i in child:
+        if paths[i]:  # traced in a module: a child's, or the stem's or head's
             continue
         kinds = [child[index[a]] for a in node.all_input_nodes if a in index and index[a] in child]
         if kinds:
@@ -148,7 +140,8 @@ def tag_remat(gm: fx.GraphModule, budget: float,
     whose copies pose one problem) is solved one block for all, its boundaries saved
     (:mod:`lightning_memplan.core.remat_parts`); any other graph whole. ``cache`` (a dict the caller
     keeps per joint graph) holds the split and the bounds, so several budgets on copies of one graph
-    solve them once; ``cache["parts"]`` is the number of copies solved as one (1: the whole graph).
+    solve them once; ``cache["split"]`` is the :class:`~lightning_memplan.core.remat_parts.RepeatedParts`
+    solved (``None``: the whole graph).
 
     Raises:
         ValueError: a budget outside [0, 1], or a graph without any plan.
@@ -159,7 +152,6 @@ def tag_remat(gm: fx.GraphModule, budget: float,
     memo = cache if cache is not None else {}
     if "split" not in memo:
         memo["split"] = _split(problem, nodes)
-        memo["parts"] = len(memo["split"].groups) if memo["split"] is not None else 1
     parts: RepeatedParts | None = memo["split"]
     sol = None
     if parts is not None:
@@ -167,7 +159,7 @@ def tag_remat(gm: fx.GraphModule, budget: float,
             memo["part_bounds"] = parts_bounds(parts)
         sol = solve_parts_budget(parts, budget, bounds=memo["part_bounds"])
         if check_solution(problem, sol.saved, sol.recomputed):  # never expected: the whole graph decides
-            memo["split"], memo["parts"], sol = None, 1, None
+            memo["split"], sol = None, None
     if sol is None:
         if "bounds" not in memo:
             memo["bounds"] = remat_bounds(problem)

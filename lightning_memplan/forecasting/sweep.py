@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ from lightning_memplan._torch.dynamo import lazy_graph_module
 from lightning_memplan._torch.partitioner import functorch_config
 from lightning_memplan.core.remat import RematSolution
 from lightning_memplan.forecasting.capture import RegionCapture, cleared, note_remat
-from lightning_memplan.forecasting.fx import forward_nodes
+from lightning_memplan.forecasting.fx import forward_nodes, module_path
 from lightning_memplan.forecasting.solver_adapter import solver_adapter_class
 from lightning_memplan.forecasting.validate import SolverFn
 
@@ -50,8 +49,7 @@ def _owner(stack: dict[str, Any], blocks: Sequence[str], module_names: dict[str,
         name = module_names.get(str(key))
         if name in blocks:
             return name
-        path = value[0] if isinstance(value, tuple) and value and isinstance(value[0], str) else ""
-        path = re.sub(r"\[(\d+)\]", r".\1", path)
+        path = module_path("", value)
         for block in blocks:
             if path == block or path.endswith("." + block):
                 return block
