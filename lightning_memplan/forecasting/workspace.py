@@ -13,7 +13,8 @@ inductor re-lays out convolutions (channels-last, mkldnn), so probing them with 
 would count scratch it does not use;
 with ``every_op=True`` (eager kernels) every op except views, the cheap ops of
 :data:`NO_WORKSPACE_OPS` and pointwise ops, but for pointwise ops on CPU whose inputs are of mixed
-dtypes (TensorIterator copies them into temporaries of the common dtype). An op that activation
+dtypes (TensorIterator copies them into temporaries of the common dtype) and for matrix products
+with an operand BLAS cannot read in place (:func:`_blas_copies`). An op that activation
 checkpointing runs under a saved RNG state is probed as itself.
 """
 from __future__ import annotations
@@ -116,14 +117,37 @@ def _mixed_dtypes(inputs: Any, out: torch.Tensor | None) -> bool:
     return out is not None and out.dtype != torch.bool and bool(dtypes) and dtypes != {out.dtype}
 
 
+def _blas_layout(value: object) -> bool:
+    """Whether a matrix operand's last two dims are laid out as BLAS reads them in place: row-major
+    or column-major, the other stride at least the dim it steps over (a dim of size 1 takes any
+    stride). Not a tensor, or fewer than two dims: True."""
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return True
+    m, n = (concrete_int(s) for s in value.shape[-2:])
+    a, b = (concrete_int(s) for s in value.stride()[-2:])
+    row = (b == 1 or n == 1) and (a >= max(1, n) or m == 1)
+    col = (a == 1 or m == 1) and (b >= max(1, m) or n == 1)
+    return row or col
+
+
+def _blas_copies(inputs: Any) -> bool:
+    """Whether a matrix product's kernel copies an operand before calling BLAS: an operand that is
+    neither row- nor column-major in its last two dims (stride 0 after an ``expand``, as the
+    gradient of a ``sum`` reaches a projection's backward; a transposed slice) is made contiguous
+    inside the kernel, a temporary as large as the operand, freed before the op returns."""
+    return not all(_blas_layout(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
+
+
 def _probed(target: Any, every_op: bool, device: str, dtype: torch.dtype | None = None,
-            mixed: bool = False) -> bool:
+            mixed: bool = False, copies: bool = False) -> bool:
     packet = getattr(target, "overloadpacket", None)
     if packet is None:
         return False
     name = packet.__name__
     if name in LOW_PRECISION_CPU_MATMULS and device == "cpu" and dtype in (torch.bfloat16, torch.float16):
         return True
+    if name in LOW_PRECISION_CPU_MATMULS and every_op and copies:
+        return True  # see _blas_copies
     if name in PROBED_OPS:
         return every_op or "attention" in name or device == "cuda"
     if not every_op or name in NO_WORKSPACE_OPS:
@@ -178,7 +202,9 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
         mixed = (every_op and device == "cpu" and wrapped is None
                  and torch.Tag.pointwise in getattr(target, "tags", ())
                  and _mixed_dtypes([a.meta.get("val") for a in node.all_input_nodes], first))
-        if not _probed(target, every_op, device, first.dtype if first is not None else None, mixed):
+        copies = (every_op and wrapped is None and getattr(getattr(target, "overloadpacket", None), "__name__", "")
+                  in LOW_PRECISION_CPU_MATMULS and _blas_copies([a.meta.get("val") for a in node.all_input_nodes]))
+        if not _probed(target, every_op, device, first.dtype if first is not None else None, mixed, copies):
             return extra
         if wrapped is None:
             args, kwargs = tree_map(unwrap, (args, kwargs))
