@@ -129,8 +129,12 @@ class Decider:
         align: list[int],
         heuristics: tuple[str, ...] = HEURISTICS,
         floor: list[int] | None = None,
+        tight_heuristics: tuple[str, ...] | None = TIGHT_HEURISTICS,
     ) -> None:
         """Precompute sections, overlaps and pools (sizes > 0 bytes, ``lower < upper``).
+
+        ``tight_heuristics`` replace ``heuristics`` at a capacity most sections fill exactly
+        (:data:`TIGHT_SHARE`); ``None``: always ``heuristics``.
 
         ``floor`` (bytes, one per buffer; default all 0) is the lowest offset each buffer may take:
         the top of fixed memory below it (a skyline), rounded up here to the buffer's alignment.
@@ -167,7 +171,7 @@ class Decider:
         self.ovp = np.asarray(ovp, dtype=i64)
         self.ovi = np.asarray(ovi, dtype=i64)
         self.heuristics = self._orders(heuristics)
-        self.tight_heuristics = self._orders(TIGHT_HEURISTICS) if heuristics == HEURISTICS else self.heuristics
+        self.tight_heuristics = self.heuristics if tight_heuristics is None else self._orders(tight_heuristics)
         self.ureserve = int(np.diff(self.ovp).max(initial=0)) + 2 * self.nsec + 1
         self._allocate()
 
