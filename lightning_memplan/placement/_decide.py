@@ -52,7 +52,7 @@ TIGHT_HEURISTICS = ("ZWA+", "WAT+", "WAT", "TAW+", "TAW", "TWA")
 its floor and that floor is the lowest offset a candidate takes, branch only on its buffers there
 (one of them must cover that byte): far fewer branches when every byte is needed."""
 
-TIGHT_SHARE = 0.5
+TIGHT_SHARE = 0.75
 """Share of sections (0..1) whose live bytes equal the capacity above which the tight orders are used."""
 
 _SLICE = 4096
