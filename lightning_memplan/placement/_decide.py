@@ -44,7 +44,16 @@ class Timeout(Exception):
 
 
 HEURISTICS = ("WAT", "TAW", "TWA")
-"""Static orders tried round robin: by lifetime Width, Area, section Total (descending)."""
+"""Static orders tried round robin: by lifetime Width, Area, section Total, siZe (descending)."""
+
+TIGHT_HEURISTICS = ("ZWA+", "WAT+", "WAT", "TAW+", "TAW", "TWA")
+"""The orders used instead when most sections have no spare bytes at the capacity asked (see
+:data:`TIGHT_SHARE`). ``+``: at a node, if a section's unplaced buffers exactly fill the bytes above
+its floor and that floor is the lowest offset a candidate takes, branch only on its buffers there
+(one of them must cover that byte): far fewer branches when every byte is needed."""
+
+TIGHT_SHARE = 0.75
+"""Share of sections (0..1) whose live bytes equal the capacity above which the tight orders are used."""
 
 _SLICE = 4096
 """Nodes per compiled call; the deadline is checked between calls (a few milliseconds apart)."""
@@ -119,14 +128,25 @@ class Decider:
         size: list[int],
         align: list[int],
         heuristics: tuple[str, ...] = HEURISTICS,
+        floor: list[int] | None = None,
+        tight_heuristics: tuple[str, ...] | None = TIGHT_HEURISTICS,
     ) -> None:
-        """Precompute sections, overlaps and pools (sizes > 0 bytes, ``lower < upper``)."""
+        """Precompute sections, overlaps and pools (sizes > 0 bytes, ``lower < upper``).
+
+        ``tight_heuristics`` replace ``heuristics`` at a capacity most sections fill exactly
+        (:data:`TIGHT_SHARE`); ``None``: always ``heuristics``.
+
+        ``floor`` (bytes, one per buffer; default all 0) is the lowest offset each buffer may take:
+        the top of fixed memory below it (a skyline), rounded up here to the buffer's alignment.
+        Packings are then searched above that floor; the search stays exact."""
         n = len(size)
         self.n = n
         self.nodes = 0
         i64 = np.int64
         self.size = np.asarray(size, dtype=i64).reshape(n)
         self.align = np.asarray(align, dtype=i64).reshape(n)
+        base = np.zeros(n, dtype=i64) if floor is None else np.asarray(floor, dtype=i64).reshape(n)
+        self.base = -(-base // self.align) * self.align
         self.unit_alignment = bool((self.align == 1).all())
         lo = np.asarray(lower, dtype=i64).reshape(n)
         up = np.asarray(upper, dtype=i64).reshape(n)
@@ -150,9 +170,15 @@ class Decider:
             ovp.append(len(ovi))
         self.ovp = np.asarray(ovp, dtype=i64)
         self.ovi = np.asarray(ovi, dtype=i64)
-        self.heuristics = [np.asarray([K.KEYS[c] for c in h], dtype=i64) for h in heuristics]
+        self.heuristics = self._orders(heuristics)
+        self.tight_heuristics = self.heuristics if tight_heuristics is None else self._orders(tight_heuristics)
         self.ureserve = int(np.diff(self.ovp).max(initial=0)) + 2 * self.nsec + 1
         self._allocate()
+
+    @staticmethod
+    def _orders(heuristics: tuple[str, ...]) -> list[tuple[np.ndarray, bool]]:
+        """Key codes per order, and whether it branches on a section without spare bytes (``+``)."""
+        return [(np.asarray([K.KEYS[c] for c in h.rstrip("+")], dtype=np.int64), h.endswith("+")) for h in heuristics]
 
     def _allocate(self) -> None:
         """Fresh search state (reused by every attempt of this object)."""
@@ -201,33 +227,39 @@ class Decider:
         offsets (bytes) or ``None`` when no packing within ``capacity`` exists."""
         if self.n == 0:
             return []
-        if int(self.total0.max()) > capacity or int(self.size.max()) > capacity:
+        if int(self.total0.max()) > capacity or int((self.base + self.size).max()) > capacity:
             return None
+        tight = float((self.total0 == capacity).mean()) > TIGHT_SHARE
+        orders = self.tight_heuristics if tight else self.heuristics
         limit = self.n
         while True:
             limit *= 2
-            for heur in self.heuristics:
-                status = yield from self._attempt(capacity, heur, limit)
+            for heur, zero_slack in orders:
+                status = yield from self._attempt(capacity, heur, limit, zero_slack)
                 if status == K.FOUND:
                     return [int(x) for x in self.solution]
                 if status == K.INFEASIBLE:
                     return None
 
-    def _attempt(self, capacity: int, heur: np.ndarray, limit: int) -> Generator[None, None, int]:
+    def _attempt(
+        self, capacity: int, heur: np.ndarray, limit: int, zero_slack: bool = False
+    ) -> Generator[None, None, int]:
         """One attempt with a static order under a node limit: FOUND, INFEASIBLE or BUDGET (yields
-        before every compiled slice)."""
+        before every compiled slice). ``zero_slack``: branch on the floor of a section without
+        spare bytes (see :data:`HEURISTICS`)."""
         if self.pool.shape[0] < self.n or self.parts.shape[0] < self.nsec:  # what ``reset`` fills
             self.pool = K.grown(self.pool, self.n)
             self.parts = K.grown(self.parts, self.nsec)
         K.reset(
             self.st, self.frames, self.parts, self.decs, self.pool, self.mo, self.rem, self.cuts, self.solution,
             self.total0, self.cuts0, heur, self.width, self.area, self.size, self.sl, self.su, self.nsec, self.secp,
+            self.seci, self.base,
         )
         remaining = limit
         while remaining > 0:
             yield
             status, used = K.run(
-                min(_SLICE, remaining), capacity, self.unit_alignment,
+                min(_SLICE, remaining), capacity, self.unit_alignment, zero_slack,
                 self.st, self.frames, self.parts, self.decs, self.pool, self.cand, self.mo, self.rem, self.cuts,
                 self.solution, self.ulog_i, self.ulog_v, self.ureserve, self.dirty, self.dstamp,
                 heur, self.width, self.area, self.size, self.align, self.sl, self.su,

@@ -35,8 +35,8 @@ _ENTER, _NEXT, _FAIL, _SUCCESS, _SOLVED, _UNSOLVABLE = 0, 1, 2, 3, 4, 5
 _MODE, _FTOP, _UTOP, _CTOP, _PTOP, _POOLTOP, _DTOP, _STAMP = 0, 1, 2, 3, 4, 5, 6, 7
 ST_LEN = 8
 # frame columns
-_PART, _CUR, _LAST, _CSTART, _CCOUNT, _CPOS, _C, _OFF, _R, _ULOG, _HAT = range(11)
-NF = 11
+_PART, _CUR, _LAST, _CSTART, _CCOUNT, _CPOS, _C, _OFF, _R, _ULOG, _HAT, _TIGHT = range(12)
+NF = 12
 # partition columns
 _S0, _S1, _MSTART, _MCOUNT, _OWNER, _FRAME0 = range(6)
 NP = 6
@@ -143,12 +143,28 @@ def _add_part(src, x, y, owner, parts, ptop, pool, pooltop, mo, sl):
 
 
 @njit(cache=True)
-def reset(st, frames, parts, decs, pool, mo, rem, cuts, solution, total0, cuts0, heur, width, area, size, sl, su, nsec, secp):
-    """Start a fresh attempt with static order ``heur``: split at the sections no buffer spans."""
+def reset(
+    st, frames, parts, decs, pool, mo, rem, cuts, solution, total0, cuts0, heur, width, area, size, sl, su, nsec, secp,
+    seci, base,
+):
+    """Start a fresh attempt with static order ``heur``: split at the sections no buffer spans.
+
+    ``base`` is every buffer's initial ``min_off`` (bytes, aligned): the floor it rests on before
+    anything is placed (all zeros for a free arena)."""
     n = size.shape[0]
-    mo[:] = 0
-    for s in range(nsec):  # every buffer starts at min_off 0: all of a section sit at its floor
-        mo[n + nsec + s] = secp[s + 1] - secp[s]
+    mo[:n] = base
+    for s in range(nsec):  # a section's floor is the lowest base of its buffers; count those there
+        fl = 0
+        at = 0
+        for e in range(secp[s], secp[s + 1]):
+            m = base[seci[e]]
+            if at == 0 or m < fl:
+                fl = m
+                at = 1
+            elif m == fl:
+                at += 1
+        mo[n + s] = fl
+        mo[n + nsec + s] = at
     rem[:] = total0
     cuts[:] = cuts0
     solution[:] = 0
@@ -178,7 +194,7 @@ def reset(st, frames, parts, decs, pool, mo, rem, cuts, solution, total0, cuts0,
 
 @njit(cache=True)
 def run(
-    budget, capacity, unit_alignment,
+    budget, capacity, unit_alignment, zero_slack,
     st, frames, parts, decs, pool, cand, mo, rem, cuts, solution, ulog_i, ulog_v, ureserve, dirty, dstamp,
     heur, width, area, size, align, sl, su, ovp, ovi, secp, seci,
 ):
@@ -255,6 +271,29 @@ def run(
                         j -= 1
                     cand[j] = k
                     count += 1
+            # Zero slack: a section whose unplaced buffers exactly fill the bytes above its floor has
+            # its floor byte covered by one of them, placed there. When that floor is the lowest
+            # offset any candidate takes, branch on that buffer only (the tightest such section,
+            # fewest at its floor); the others at this offset are time-disjoint from it, so the
+            # child admits every rank at this offset again (complete, some orders repeat).
+            frames[f, _TIGHT] = 0
+            if zero_slack and count > 1:
+                low = mo[pool[ms + cand[cs]]]
+                tight = -1
+                fewest = INF
+                for s in range(parts[p, _S0], parts[p, _S1]):
+                    if mo[n + s] == low and low + rem[s] == cap and mo[cnt0 + s] < fewest:
+                        fewest = mo[cnt0 + s]
+                        tight = s
+                if tight >= 0:
+                    kept = 0
+                    for j in range(count):
+                        b = pool[ms + cand[cs + j]]
+                        if mo[b] == low and sl[b] <= tight < su[b]:
+                            cand[cs + kept] = cand[cs + j]
+                            kept += 1
+                    count = kept
+                    frames[f, _TIGHT] = 1
             frames[f, _CCOUNT] = count
             ctop = cs + count
             mode = _NEXT
@@ -351,7 +390,7 @@ def run(
                 g = ftop
                 frames[g, _PART] = p
                 frames[g, _CUR] = off
-                frames[g, _LAST] = r
+                frames[g, _LAST] = -1 if frames[f, _TIGHT] else r
                 frames[g, _C] = -1
                 ftop += 1
                 mode = _ENTER

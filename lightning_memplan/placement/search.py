@@ -5,7 +5,10 @@ bytes) and the best greedy plan: it first asks the exact decision procedure (see
 :mod:`lightning_memplan.placement._decide`) for a packing within the space's capacity when no greedy
 plan fits, then for a packing at the lower bound, then bisects the range left. Every packing it finds
 is kept, so when the time limit hits it returns the best plan so far with ``timed_out=True``;
-``optimal=True`` means the arena equals a proven bound.
+``optimal=True`` means the arena equals a proven bound. If no packing within capacity is found in
+the first :data:`EXACT_SHARE` of the time limit, the rest goes to large-neighbourhood search
+(:mod:`lightning_memplan.placement.improve`) from an unbounded greedy plan; its plan is used when
+it fits the capacity.
 
 Over a hierarchy it first tries to put every buffer in the first space. If that is impossible (or
 not found in time) it keeps the best greedy plan's choice of space per buffer and minimizes the
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from lightning_memplan.placement._decide import Decider, Timeout, warm_up
 from lightning_memplan.placement.bounds import peak_live
 from lightning_memplan.placement.greedy import greedy_by_position, greedy_by_size
+from lightning_memplan.placement.improve import improve
 from lightning_memplan.placement.model import (
     Buffer,
     MemorySpace,
@@ -51,12 +55,14 @@ class _Space:
         return max((o + self.bufs[i].size for i, o in zip(self.members, offsets)), default=0)
 
     def minimize(
-        self, capacity: int, incumbent: list[int] | None, deadline: float
+        self, capacity: int, incumbent: list[int] | None, deadline: float, race_deadline: float | None = None
     ) -> tuple[list[int] | None, bool, bool]:
         """Best offsets found (per member, bytes), whether proven optimal, whether time cut the search.
 
         ``incumbent`` (offsets within ``capacity``) seeds the upper bound. A ``None`` result means no
-        packing within ``capacity`` exists (not timed out) or none was found in time (timed out).
+        packing within ``capacity`` exists (not timed out) or none was found in time (timed out):
+        by ``race_deadline`` (default ``deadline``) while there is no incumbent, so that the caller
+        can spend the rest on :func:`lightning_memplan.placement.improve.improve`.
         ``self.found_at`` is the ``perf_counter`` time when the returned offsets were found.
 
         The search goes from the bound up: without an incumbent it races a search at the lower bound
@@ -70,7 +76,7 @@ class _Space:
             race = [(lo, self.decider)] + ([(capacity, self.decider.fork())] if capacity > lo else [])
             while best is None:
                 try:
-                    target, found = _race(race, deadline)
+                    target, found = _race(race, deadline if race_deadline is None else min(deadline, race_deadline))
                 except Timeout:
                     return None, False, True
                 self.found_at = time.perf_counter()
@@ -126,6 +132,21 @@ def _race(probes: list[tuple[int, Decider]], deadline: float) -> tuple[int, list
                     return cap, done.value
 
 
+EXACT_SHARE = 0.5
+"""Share of the time limit the exact search may spend finding a first packing within capacity;
+the rest goes to improving a packing above capacity (:func:`_improved`) when it finds none."""
+
+
+def _improved(sp: _Space, capacity: int, deadline: float) -> list[int] | None:
+    """Offsets (per member of ``sp``, bytes) within ``capacity``, from large-neighbourhood search
+    started at an unbounded greedy plan and run until ``deadline``; ``None`` if it got no lower
+    than ``capacity``. Sets ``sp.found_at``."""
+    chosen = [sp.bufs[i] for i in sp.members]
+    start = greedy_by_size(chosen, sum(b.size + b.alignment for b in chosen))
+    offsets, sp.found_at = improve(chosen, [int(o) for o in start.offset], sp.lower_bound, deadline)  # type: ignore[arg-type]
+    return offsets if sp.arena(offsets) <= capacity else None
+
+
 def exact_search(
     buffers: Sequence[Buffer],
     spaces: int | MemorySpace | Sequence[MemorySpace],
@@ -169,7 +190,12 @@ def exact_search(
     solved_in_first = False
     if peak_live(bufs)[0] <= hierarchy[0].capacity and all(b.size <= hierarchy[0].capacity for b in bufs):
         sp = _Space(bufs, everything)
-        offs, optimal, timed_out = sp.minimize(hierarchy[0].capacity, incumbent(sp.members, 0), deadline)
+        race_deadline = started + EXACT_SHARE * (deadline - started)
+        offs, optimal, timed_out = sp.minimize(hierarchy[0].capacity, incumbent(sp.members, 0), deadline, race_deadline)
+        if offs is None and timed_out:
+            offs = _improved(sp, hierarchy[0].capacity, deadline)
+            optimal = offs is not None and sp.arena(offs) <= sp.lower_bound
+            timed_out = not optimal
         if offs is not None:
             solved_in_first = True
             space, offset = [0] * n, [0] * n  # zero-size buffers: offset 0 of the first space
