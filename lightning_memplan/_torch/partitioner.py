@@ -33,6 +33,7 @@ __all__ = [
     "random_ops_saved",
     "select_decomp_table",
     "size_of_node",
+    "stand_in_outputs_not_donated",
     "torch_knapsack_solvers",
     "torch_knee_tools",
 ]
@@ -168,6 +169,55 @@ def random_ops_saved() -> Iterator[None]:
         yield
     finally:
         mod.choose_saved_values_set = orig
+
+
+@contextlib.contextmanager
+def stand_in_outputs_not_donated() -> Iterator[None]:
+    """Within the block, AOTAutograd donates to the backward no saved tensor that shares storage
+    with an input of ``memplan::materialized_sum`` (the planner's stand-in loss, see
+    :mod:`lightning_memplan._torch.materialized`).
+
+    AOTAutograd hands the backward, as buffers it may overwrite, the saved tensors that alias no
+    input or output of the forward (``donated_buffer``): inductor then computes a gradient in
+    place of, say, the saved logits. In the user's compiled forward the stand-in loss's inputs are
+    outputs, never donated, so the backward allocates that gradient anew (a BERT step under
+    inductor peaked a logits' size, 2%, above a forecast that reused it). A graph without the
+    stand-in loss is left as torch donates it. ``graph_compile.collect_bw_donated_buffer_idxs``
+    (looked up at call time) is replaced for the block and restored on exit; a torch without it
+    is left alone."""
+    try:
+        mod = importlib.import_module("torch._functorch._aot_autograd.graph_compile")
+        orig = getattr(mod, "collect_bw_donated_buffer_idxs")
+        weak_ref = require("torch.multiprocessing.reductions", "StorageWeakRef")
+    except (ImportError, AttributeError, RuntimeError):
+        yield
+        return
+    target = getattr(getattr(torch.ops, "memplan", None), "materialized_sum", None)
+
+    def storage(node: Any) -> Any:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        try:
+            return weak_ref(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+        except Exception:  # noqa: BLE001 - a tensor without storage (sparse) is never donated
+            return None
+
+    def collect(fw_module: torch.fx.GraphModule, bw_module: torch.fx.GraphModule, fw_metadata: Any) -> list[int]:
+        idxs = orig(fw_module, bw_module, fw_metadata)
+        sums = [n for n in fw_module.graph.nodes if n.op == "call_function" and target is not None
+                and getattr(n.target, "overloadpacket", None) is target]
+        if not idxs or not sums:
+            return idxs
+        stand_in = {storage(a) for n in sums for a in n.all_input_nodes} - {None}
+        fw_outs = next(reversed(fw_module.graph.find_nodes(op="output"))).args[0]
+        saved = list(fw_outs[fw_metadata.tensors_saved_for_backwards_slice])
+        first = fw_metadata.num_symints_saved_for_bw or 0
+        return [i for i in idxs if not (0 <= i - first < len(saved) and storage(saved[i - first]) in stand_in)]
+
+    mod.collect_bw_donated_buffer_idxs = collect
+    try:
+        yield
+    finally:
+        mod.collect_bw_donated_buffer_idxs = orig
 
 
 def node_inputs_of(node_info: Any) -> list[torch.fx.Node]:

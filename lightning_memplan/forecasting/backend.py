@@ -52,6 +52,7 @@ from lightning_memplan._torch.partitioner import (
     probe_partitioner,
     random_ops_saved,
     select_decomp_table,
+    stand_in_outputs_not_donated,
 )
 from lightning_memplan._torch.storages import held_tensors, storage_key, storage_weakref
 from lightning_memplan._torch.version import check_torch_version
@@ -223,6 +224,7 @@ class MemplanBackend:
                                               **opaque_handles_patch()))
             stack.enter_context(force_disable_caches_patch())
             stack.enter_context(random_ops_saved())  # a recomputed dropout would draw another mask
+            stack.enter_context(stand_in_outputs_not_donated())  # they are the user's outputs
             stack.enter_context(self._probes(region))
             try:
                 if self.inner == "inductor":

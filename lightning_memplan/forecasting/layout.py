@@ -7,6 +7,7 @@ the highest total seen and its split by category; every layout reports its peak 
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -252,7 +253,7 @@ def lay_out(
 
 
 def incoming_gradient_lifetimes(views: Sequence[tuple[int, Sequence[int]]],
-                                loss: EagerLoss) -> tuple[list[tuple[int, int]], int]:
+                                loss: EagerLoss, *, earliest: bool = False) -> tuple[list[tuple[int, int]], int]:
     """How long the incoming gradients of a region's backward live, from ``loss`` (the eager code
     on its outputs): the outputs' gradients its backward ends with (``output_grad_sizes``) and the
     zero gradients autograd makes for the outputs it does not reach (``zero_grad_sizes``).
@@ -260,7 +261,9 @@ def incoming_gradient_lifetimes(views: Sequence[tuple[int, Sequence[int]]],
     Each that has a view of its size among ``views`` (a region plan's ``tangent_views``: the stand-in
     loss's gradient expanded to an output's shape, with the steps reading it) dies after a reader of
     that view: the gradients of one size take that size's readers from the last one back (each
-    reader stands for one output; with fewer outputs than readers, the latest). Returns
+    reader stands for one output; with fewer outputs than readers, the latest), or with
+    ``earliest`` from the first one on (the kernels of generated code: the first to read a
+    gradient adds it into the buffer the later ones read). Returns
     ``([(bytes, step), ...], rest)``: ``rest``, the bytes with no view (or sizes not known apart),
     lives to the backward's last read of its incoming gradient."""
     readers: dict[int, list[int]] = {}
@@ -278,7 +281,7 @@ def incoming_gradient_lifetimes(views: Sequence[tuple[int, Sequence[int]]],
         for size in sizes:
             steps = readers.get(size)
             if steps:
-                out.append((size, steps.pop()))
+                out.append((size, steps.pop(0) if earliest else steps.pop()))
             else:
                 rest += size
     return out, rest
@@ -326,10 +329,14 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
             events.setdefault(point, []).extend(evs)
         # Under inductor the stand-in loss's gradient, broadcast to the outputs' shape, is
         # realized as a buffer of their size wherever a matmul reads it, until its last read:
-        # it already stands in for the real gradients there. In an FX graph it stays a view
-        # of the scalar.
+        # it already stands in for the real gradients there. Not for the zeros autograd makes
+        # for the outputs the loss does not reach: inputs of the real backward, each live beside
+        # that buffer until the first kernel reading its view adds it in. In an FX graph the
+        # stand-in stays a view of the scalar.
         if seq[end].method != "fx":
-            hold[end] = 0
+            zeros = dataclasses.replace(loss, output_grad_bytes=0, output_grad_sizes=())
+            known, _ = incoming_gradient_lifetimes(seq[end].tangent_views, zeros, earliest=True)
+            views[end], hold[end] = known, 0  # zeros no kernel is known to read: not counted
             continue
         views[end], hold[end] = incoming_gradient_lifetimes(seq[end].tangent_views, loss)
     # each call's outputs die where the compiling run's did, in that call's own backwards, unless

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -82,8 +83,9 @@ class RegionPlan:
     #: The step of ``bw_timeline`` that last reads one of the activation inputs the backward saved
     #: (``None`` when unknown or none): earlier regions' outputs it held last die after it.
     input_last_use: int | None = None
-    #: ``(bytes, steps)`` per view of the stand-in loss's gradient as large as an output (FX plans;
-    #: empty: unknown): the steps of ``bw_timeline`` that read it, in order. One view stands for
+    #: ``(bytes, steps)`` per view of the stand-in loss's gradient as large as an output (empty:
+    #: unknown): the steps of ``bw_timeline`` that read it, in order (under inductor the kernels
+    #: lowered from its readers). One view stands for
     #: every output of its shape (the compiler merges equal expands), each of its readers for one
     #: of them: a zero gradient autograd hands this backward for such an output dies there.
     tangent_views: tuple[tuple[int, tuple[int, ...]], ...] = ()
@@ -232,8 +234,23 @@ def region_plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -
         param_gradients=fx_plan.param_gradients,
         largest_param_gradient=fx_plan.largest_param_gradient,
         tangent_last_use=_last_step_reading(bs, readers, shift) if bs is not None else None,
+        tangent_views=_kernel_views(bs, mem.tangent_views, shift) if bs is not None else (),
         input_last_use=_last_step_reading(bs, act_readers, shift) if bs is not None and act_readers else None,
     )
+
+
+def _kernel_views(est: ScheduleEstimate, views: Sequence[tuple[int, frozenset[str]]],
+                  shift: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The FX plan's ``tangent_views`` (bytes, readers' node names) as steps of ``est``'s timeline:
+    the kernels lowered from a reader (in order); a view no kernel was lowered from is left out."""
+    if not est.origins:
+        return ()
+    out = []
+    for nbytes, users in views:
+        steps = tuple(i + shift for i, origin in enumerate(est.origins) if set(users) & set(origin))
+        if steps:
+            out.append((nbytes, steps))
+    return tuple(out)
 
 
 def _last_step_reading(est: ScheduleEstimate, names: set[str], shift: int) -> int | None:
