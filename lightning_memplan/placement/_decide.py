@@ -193,6 +193,8 @@ class Decider:
         self.rem = np.zeros(self.nsec, dtype=i64)
         self.cuts = np.zeros(self.nsec, dtype=i64)
         self.solution = np.zeros(n, dtype=i64)
+        self.deep_mask = np.zeros(n, dtype=i64)  # the partial packing with the most buffers placed
+        self.deep_off = np.zeros(n, dtype=i64)
         self.ulog_i = np.zeros(len(self.ovi) + self.ureserve, dtype=i64)
         self.ulog_v = np.zeros(len(self.ovi) + self.ureserve, dtype=i64)
         self.dirty = np.zeros(self.nsec, dtype=i64)
@@ -205,6 +207,13 @@ class Decider:
         other.nodes = 0
         other._allocate()
         return other
+
+    def deepest(self) -> list[int | None]:
+        """The partial packing with the most buffers placed that this object's searches have met
+        (over every capacity and attempt so far): per buffer its offset (bytes) or ``None``. Each
+        offset lies within the capacity of the search that placed it; the placed buffers overlap
+        neither each other nor their floors."""
+        return [int(o) if m else None for m, o in zip(self.deep_mask, self.deep_off)]
 
     # ------------------------------------------------------------------ search
     def solve(self, capacity: int, deadline: float) -> list[int] | None:
@@ -263,7 +272,7 @@ class Decider:
                 self.st, self.frames, self.parts, self.decs, self.pool, self.cand, self.mo, self.rem, self.cuts,
                 self.solution, self.ulog_i, self.ulog_v, self.ureserve, self.dirty, self.dstamp,
                 heur, self.width, self.area, self.size, self.align, self.sl, self.su,
-                self.ovp, self.ovi, self.secp, self.seci,
+                self.ovp, self.ovi, self.secp, self.seci, self.deep_mask, self.deep_off,
             )
             remaining -= used
             self.nodes += used
