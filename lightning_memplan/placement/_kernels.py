@@ -212,9 +212,13 @@ def _snapshot(n, mo, solution, decs, dtop, parts, pool, deep_mask, deep_off):
 def run(
     budget, capacity, unit_alignment, zero_slack,
     st, frames, parts, decs, pool, cand, mo, rem, cuts, solution, ulog_i, ulog_v, ureserve, dirty, dstamp,
-    heur, width, area, size, align, sl, su, ovp, ovi, secp, seci, deep_mask, deep_off,
+    heur, width, area, size, align, sl, su, ovp, ovi, secp, seci, deep_mask, deep_off, ceil,
 ):
     """Search on from the state in ``st`` for at most ``budget`` nodes. Returns (status, nodes).
+
+    ``ceil`` (bytes, per buffer, at most ``capacity``) is the highest top each buffer may reach.
+    Pushing a buffer down never crosses its ceiling, so the canonical search stays complete; the
+    section pruning keeps using ``capacity`` (a relaxation).
 
     ``deep_mask``/``deep_off`` receive the partial packing (all within ``capacity``) with the most
     buffers placed so far, whenever ``st[DEEP]`` (its count) is beaten.
@@ -338,7 +342,7 @@ def run(
             b = pool[ms + r]
             off = mo[b]
             top = off + size[b]
-            if top > cap:
+            if top > ceil[b]:
                 continue
             frames[f, _C] = b
             placed += 1

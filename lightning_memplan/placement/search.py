@@ -6,9 +6,13 @@ bytes) and the best greedy plan: it first asks the exact decision procedure (see
 plan fits, then for a packing at the lower bound, then bisects the range left. Every packing it finds
 is kept, so when the time limit hits it returns the best plan so far with ``timed_out=True``;
 ``optimal=True`` means the arena equals a proven bound. If no packing within capacity is found in
-the first :data:`EXACT_SHARE` of the time limit, the rest goes to large-neighbourhood search
-(:mod:`lightning_memplan.placement.improve`) from an unbounded greedy plan; its plan is used when
-it fits the capacity.
+the first :data:`EXACT_SHARE` of the time limit, :data:`LNS_SHARE` of the rest goes to
+large-neighbourhood search (:mod:`lightning_memplan.placement.improve`) from the best of greedy and
+canonical dives (:func:`_start`); its plan is used when it fits the capacity. For a single space
+the time left then completes the partial placement that leaves out the fewest buffers (greedy's,
+the improved plan cut at capacity, or the exact search's deepest: :meth:`Decider.deepest`) by
+exact window repairs (:mod:`lightning_memplan.placement.complete`); a completion is a plan within
+capacity, else the partial placement is returned (``timed_out``, buffers in ``unplaced``).
 
 Over a hierarchy it first tries to put every buffer in the first space. If that is impossible (or
 not found in time) it keeps the best greedy plan's choice of space per buffer and minimizes the
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 
 from lightning_memplan.placement._decide import HEURISTICS, Decider, Timeout, warm_up
 from lightning_memplan.placement.bounds import peak_live
+from lightning_memplan.placement.complete import complete
 from lightning_memplan.placement.greedy import fill, greedy_by_position, greedy_by_size
 from lightning_memplan.placement.improve import improve
 from lightning_memplan.placement.model import (
@@ -134,6 +139,11 @@ def _race(probes: list[tuple[int, Decider]], deadline: float) -> tuple[int, list
                     return cap, done.value
 
 
+LNS_SHARE = 0.5
+"""Share of the time left after the exact search that large-neighbourhood search gets when no
+packing within capacity is found; the rest goes to completing the best partial placement
+(:func:`lightning_memplan.placement.complete.complete`)."""
+
 EXACT_SHARE = 0.5
 """Share of the time limit the exact search may spend finding a first packing within capacity;
 the rest goes to improving a packing above capacity (:func:`_improved`) when it finds none."""
@@ -231,7 +241,8 @@ def exact_search(
         offs, optimal, timed_out = sp.minimize(hierarchy[0].capacity, incumbent(sp.members, 0), deadline, race_deadline)
         reached: list[int] | None = None
         if offs is None and timed_out:
-            offs, reached = _improved(sp, hierarchy[0].capacity, deadline)
+            lns_deadline = deadline if len(hierarchy) > 1 else time.perf_counter() + LNS_SHARE * (deadline - time.perf_counter())
+            offs, reached = _improved(sp, hierarchy[0].capacity, lns_deadline)
             optimal = offs is not None and sp.arena(offs) <= sp.lower_bound
             timed_out = not optimal
         if offs is None and timed_out and len(hierarchy) == 1:
@@ -245,7 +256,14 @@ def exact_search(
             mine = _best_partial(
                 sp, cap, ([cut] if cut else []) + [d.deepest() for d in sp.racers], [offset[i] for i in sp.members]
             )
-            if mine.count(None) < len(best.unplaced):
+            chosen = [bufs[i] for i in sp.members]
+            mine, _ = complete(chosen, mine, cap, deadline)
+            if None not in mine:  # every buffer placed within capacity
+                offs = [int(o) for o in mine]  # type: ignore[arg-type]
+                sp.found_at = time.perf_counter()
+                optimal = sp.arena(offs) <= sp.lower_bound
+                timed_out = not optimal
+            elif mine.count(None) < len(best.unplaced):
                 partial_in_first = True
                 space, offset = [0] * n, [0] * n
                 for i, o in zip(sp.members, mine):
