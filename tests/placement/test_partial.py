@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 from perfect_packing import perfect_packing
 
-from lightning_memplan.placement import Buffer, MemorySpace, Plan, exact_search, greedy_by_position, greedy_by_size
-from lightning_memplan.placement import search, validate
+from lightning_memplan.placement import (
+    Buffer,
+    MemorySpace,
+    Plan,
+    exact_search,
+    greedy_by_position,
+    greedy_by_size,
+    search,
+    validate,
+)
 from lightning_memplan.placement._decide import Decider
 from lightning_memplan.placement.complete import complete
 from lightning_memplan.placement.greedy import fill
