@@ -6,7 +6,8 @@
     python benchmarks/placement.py --only none --random 0 --perfect 6 --slack 1.0 1.05
 
 A second table covers perfect packings (``benchmarks/perfect_packing.py``: a 1000-step x 1 MiB
-rectangle cut into 160-420 buffers, four by guillotine cuts and two with pinwheels, so the optimum arena is exactly 1 MiB) at several capacities
+rectangle cut into 160-1000 buffers, nine by guillotine cuts and four with pinwheels, alignments 1-512 bytes,
+seeded, so the optimum arena is exactly 1 MiB) at several capacities
 (``--slack``, multiples of the optimum): per algorithm, whether the plan is complete at the
 optimum, its arena over the optimum, and the seconds taken. The greedy heuristics are its peers.
 
@@ -78,13 +79,20 @@ def run_one(name: str, buffers: list[Buffer] | tuple[Buffer, ...], capacity: int
     ]
 
 
-PERFECT = [  # (buffers, alignment in bytes, pinwheel probability): guillotine and non-guillotine cuts
-    (160, 1, 0.0),
-    (240, 512, 0.0),
-    (330, 1, 0.0),
-    (420, 256, 0.0),
-    (330, 1, 0.2),
-    (420, 256, 0.2),
+PERFECT = [  # (seed, buffers, alignment in bytes, pinwheel probability): guillotine and non-guillotine cuts
+    (0, 160, 1, 0.0),
+    (1, 240, 512, 0.0),
+    (2, 330, 1, 0.0),
+    (3, 420, 256, 0.0),
+    (4, 330, 1, 0.2),
+    (5, 420, 256, 0.2),
+    (11, 200, 1, 0.0),
+    (12, 500, 256, 0.0),
+    (13, 800, 1, 0.0),
+    (14, 1000, 512, 0.0),
+    (15, 300, 1, 0.3),
+    (16, 600, 256, 0.3),
+    (17, 1000, 1, 0.3),
 ]
 
 
@@ -92,10 +100,10 @@ def perfect_rows(count: int, slacks: list[float], algorithms: list[str], limit: 
     """One row per perfect packing, capacity (``slack`` x optimum) and algorithm; each plan validated."""
     rows: list[list[object]] = []
     optimum = 2**20
-    for k in range(count):
-        n, alignment, pinwheels = PERFECT[k % len(PERFECT)]
-        buffers, _ = perfect_packing(k, n, capacity=optimum, alignment=alignment, pinwheels=pinwheels)
-        name = f"perfect#{k} align={alignment}" + (" pinwheel" if pinwheels else "")
+    for k in range(min(count, len(PERFECT))):
+        seed, n, alignment, pinwheels = PERFECT[k]
+        buffers, _ = perfect_packing(seed, n, capacity=optimum, alignment=alignment, pinwheels=pinwheels)
+        name = f"perfect#{seed} align={alignment}" + (" pinwheel" if pinwheels else "")
         runs = [(slack, a) for slack in slacks for a in algorithms if a == "search"]
         runs += [(None, a) for a in algorithms if a != "search"]  # a greedy ignores slack: unbounded room
         for slack, algorithm in runs:

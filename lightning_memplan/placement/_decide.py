@@ -130,6 +130,7 @@ class Decider:
         heuristics: tuple[str, ...] = HEURISTICS,
         floor: list[int] | None = None,
         tight_heuristics: tuple[str, ...] | None = TIGHT_HEURISTICS,
+        ceiling: list[int] | None = None,
     ) -> None:
         """Precompute sections, overlaps and pools (sizes > 0 bytes, ``lower < upper``).
 
@@ -138,7 +139,11 @@ class Decider:
 
         ``floor`` (bytes, one per buffer; default all 0) is the lowest offset each buffer may take:
         the top of fixed memory below it (a skyline), rounded up here to the buffer's alignment.
-        Packings are then searched above that floor; the search stays exact."""
+        Packings are then searched above that floor; the search stays exact.
+
+        ``ceiling`` (bytes, one per buffer; default none) is the highest top each buffer may reach,
+        besides the capacity asked: a packing then keeps every buffer in its band ``[floor,
+        ceiling)`` (a band of exactly its size fixes it); the search stays exact."""
         n = len(size)
         self.n = n
         self.nodes = 0
@@ -147,6 +152,8 @@ class Decider:
         self.align = np.asarray(align, dtype=i64).reshape(n)
         base = np.zeros(n, dtype=i64) if floor is None else np.asarray(floor, dtype=i64).reshape(n)
         self.base = -(-base // self.align) * self.align
+        self.ceiling = np.full(n, K.INF, dtype=i64) if ceiling is None else np.asarray(ceiling, dtype=i64).reshape(n)
+        self.ceil = self.ceiling  # ``ceiling`` capped at the capacity of the current attempt
         self.unit_alignment = bool((self.align == 1).all())
         lo = np.asarray(lower, dtype=i64).reshape(n)
         up = np.asarray(upper, dtype=i64).reshape(n)
@@ -193,6 +200,8 @@ class Decider:
         self.rem = np.zeros(self.nsec, dtype=i64)
         self.cuts = np.zeros(self.nsec, dtype=i64)
         self.solution = np.zeros(n, dtype=i64)
+        self.deep_mask = np.zeros(n, dtype=i64)  # the partial packing with the most buffers placed
+        self.deep_off = np.zeros(n, dtype=i64)
         self.ulog_i = np.zeros(len(self.ovi) + self.ureserve, dtype=i64)
         self.ulog_v = np.zeros(len(self.ovi) + self.ureserve, dtype=i64)
         self.dirty = np.zeros(self.nsec, dtype=i64)
@@ -205,6 +214,13 @@ class Decider:
         other.nodes = 0
         other._allocate()
         return other
+
+    def deepest(self) -> list[int | None]:
+        """The partial packing with the most buffers placed that this object's searches have met
+        (over every capacity and attempt so far): per buffer its offset (bytes) or ``None``. Each
+        offset lies within the capacity of the search that placed it; the placed buffers overlap
+        neither each other nor their floors."""
+        return [int(o) if m else None for m, o in zip(self.deep_mask, self.deep_off)]
 
     # ------------------------------------------------------------------ search
     def solve(self, capacity: int, deadline: float) -> list[int] | None:
@@ -227,7 +243,8 @@ class Decider:
         offsets (bytes) or ``None`` when no packing within ``capacity`` exists."""
         if self.n == 0:
             return []
-        if int(self.total0.max()) > capacity or int((self.base + self.size).max()) > capacity:
+        self.ceil = np.minimum(self.ceiling, capacity)
+        if int(self.total0.max()) > capacity or bool((self.base + self.size > self.ceil).any()):
             return None
         tight = float((self.total0 == capacity).mean()) > TIGHT_SHARE
         orders = self.tight_heuristics if tight else self.heuristics
@@ -263,7 +280,7 @@ class Decider:
                 self.st, self.frames, self.parts, self.decs, self.pool, self.cand, self.mo, self.rem, self.cuts,
                 self.solution, self.ulog_i, self.ulog_v, self.ureserve, self.dirty, self.dstamp,
                 heur, self.width, self.area, self.size, self.align, self.sl, self.su,
-                self.ovp, self.ovi, self.secp, self.seci,
+                self.ovp, self.ovi, self.secp, self.seci, self.deep_mask, self.deep_off, self.ceil,
             )
             remaining -= used
             self.nodes += used

@@ -32,8 +32,9 @@ with another call); a pool is too small (enlarge with :func:`grown` and resume).
 _ENTER, _NEXT, _FAIL, _SUCCESS, _SOLVED, _UNSOLVABLE = 0, 1, 2, 3, 4, 5
 # _SOLVED / _UNSOLVABLE: the top decomposition's partitions all succeeded / one of them failed
 # st: mode, frame top, undo top, cand top, partition top, pool top, decomposition top, placements
-_MODE, _FTOP, _UTOP, _CTOP, _PTOP, _POOLTOP, _DTOP, _STAMP = 0, 1, 2, 3, 4, 5, 6, 7
-ST_LEN = 8
+# placed now (stacked placements plus solved partitions), most placed so far (kept across attempts)
+_MODE, _FTOP, _UTOP, _CTOP, _PTOP, _POOLTOP, _DTOP, _STAMP, _PLACED, DEEP = range(10)
+ST_LEN = 10
 # frame columns
 _PART, _CUR, _LAST, _CSTART, _CCOUNT, _CPOS, _C, _OFF, _R, _ULOG, _HAT, _TIGHT = range(12)
 NF = 12
@@ -41,8 +42,8 @@ NF = 12
 _S0, _S1, _MSTART, _MCOUNT, _OWNER, _FRAME0 = range(6)
 NP = 6
 # decomposition columns
-_DFRAME, _DPOOL, _DPART0, _DCOUNT, _DCUR = range(5)
-ND = 5
+_DFRAME, _DPOOL, _DPART0, _DCOUNT, _DCUR, _DSOLVED = range(6)
+ND = 6
 
 KEYS = {"W": 0, "A": 1, "T": 2, "Z": 3}
 """Preordering keys (descending): lifetime Width, Area, max section Total, siZe."""
@@ -182,6 +183,7 @@ def reset(
         x = y
     decs[0, _DCOUNT] = ptop
     decs[0, _DCUR] = 0
+    decs[0, _DSOLVED] = 0
     st[_FTOP] = _start_part(0, parts, frames, 0, pool, heur, width, area, size, sl, su, rem)
     st[_UTOP] = 0
     st[_CTOP] = 0
@@ -189,16 +191,37 @@ def reset(
     st[_POOLTOP] = pooltop
     st[_DTOP] = 1
     st[_STAMP] = 0
+    st[_PLACED] = 0
     st[_MODE] = _ENTER
+
+
+@njit(cache=True)
+def _snapshot(n, mo, solution, decs, dtop, parts, pool, deep_mask, deep_off):
+    """Record the partial packing of now: the buffers placed on the stack (``mo`` is ``INF``) and
+    those of the solved partitions of every open decomposition, with their offsets (bytes)."""
+    for b in range(n):
+        deep_mask[b] = 1 if mo[b] == INF else 0
+        deep_off[b] = solution[b]
+    for d in range(dtop):
+        for q in range(decs[d, _DPART0], decs[d, _DPART0] + decs[d, _DCUR]):
+            for e in range(parts[q, _MSTART], parts[q, _MSTART] + parts[q, _MCOUNT]):
+                deep_mask[pool[e]] = 1
 
 
 @njit(cache=True)
 def run(
     budget, capacity, unit_alignment, zero_slack,
     st, frames, parts, decs, pool, cand, mo, rem, cuts, solution, ulog_i, ulog_v, ureserve, dirty, dstamp,
-    heur, width, area, size, align, sl, su, ovp, ovi, secp, seci,
+    heur, width, area, size, align, sl, su, ovp, ovi, secp, seci, deep_mask, deep_off, ceil,
 ):
     """Search on from the state in ``st`` for at most ``budget`` nodes. Returns (status, nodes).
+
+    ``ceil`` (bytes, per buffer, at most ``capacity``) is the highest top each buffer may reach.
+    Pushing a buffer down never crosses its ceiling, so the canonical search stays complete; the
+    section pruning keeps using ``capacity`` (a relaxation).
+
+    ``deep_mask``/``deep_off`` receive the partial packing (all within ``capacity``) with the most
+    buffers placed so far, whenever ``st[DEEP]`` (its count) is beaten.
 
     ``mo`` holds the ``min_off`` of the n buffers (``INF`` once placed), then the floor of every
     section (the lowest ``min_off`` of its unplaced buffers, ``INF`` if none), then how many of
@@ -215,6 +238,7 @@ def run(
     ptop = st[_PTOP]
     pooltop = st[_POOLTOP]
     dtop = st[_DTOP]
+    placed = st[_PLACED]
     nodes = 0
     status = BUDGET
     cap = capacity
@@ -301,6 +325,7 @@ def run(
             f = ftop - 1
             if frames[f, _C] >= 0:
                 utop = _undo(f, frames, mo, rem, cuts, size, sl, su, ulog_i, ulog_v, utop)
+                placed -= 1
                 if frames[f, _HAT] == 0:
                     # Nothing unplaced lies above the buffer just tried: it sits at its min_off in
                     # every completion, so it comes first in canonical order and the rest fail too.
@@ -317,9 +342,10 @@ def run(
             b = pool[ms + r]
             off = mo[b]
             top = off + size[b]
-            if top > cap:
+            if top > ceil[b]:
                 continue
             frames[f, _C] = b
+            placed += 1
             frames[f, _OFF] = off
             frames[f, _R] = r
             frames[f, _ULOG] = utop
@@ -381,6 +407,9 @@ def run(
             if not ok:
                 continue  # undone at the top of the next iteration
             solution[b] = off
+            if placed > st[DEEP]:
+                st[DEEP] = placed
+                _snapshot(n, mo, solution, decs, dtop, parts, pool, deep_mask, deep_off)
             split = False
             for s in range(sl[b], su[b] - 1):
                 if cuts[s] == 0:
@@ -403,6 +432,7 @@ def run(
             decs[d, _DPOOL] = pooltop
             decs[d, _DPART0] = ptop
             decs[d, _DCUR] = 0
+            decs[d, _DSOLVED] = 0
             x = parts[p, _S0]
             s1 = parts[p, _S1]
             s = sl[b]
@@ -430,6 +460,7 @@ def run(
             ptop = decs[d, _DPART0]
             pooltop = decs[d, _DPOOL]
             dtop -= 1
+            placed -= decs[d, _DSOLVED]
             if decs[d, _DFRAME] < 0:
                 status = FOUND if mode == _SOLVED else INFEASIBLE
                 break
@@ -442,10 +473,13 @@ def run(
                 g = ftop - 1
                 if frames[g, _C] >= 0:
                     utop = _undo(g, frames, mo, rem, cuts, size, sl, su, ulog_i, ulog_v, utop)
+                    placed -= 1
                 ctop = frames[g, _CSTART]
                 ftop -= 1
             d = parts[p, _OWNER]
             decs[d, _DCUR] += 1
+            decs[d, _DSOLVED] += parts[p, _MCOUNT]
+            placed += parts[p, _MCOUNT]
             if decs[d, _DCUR] < decs[d, _DCOUNT]:
                 ftop = _start_part(
                     decs[d, _DPART0] + decs[d, _DCUR], parts, frames, ftop, pool, heur, width, area, size, sl, su, rem
@@ -461,6 +495,7 @@ def run(
     st[_POOLTOP] = pooltop
     st[_DTOP] = dtop
     st[_STAMP] = stamp
+    st[_PLACED] = placed
     return status, nodes
 
 

@@ -31,7 +31,7 @@ from lightning_memplan.placement.model import (
     check_fits,
 )
 
-__all__ = ["greedy_by_position", "greedy_by_size"]
+__all__ = ["fill", "greedy_by_position", "greedy_by_size"]
 
 
 class _Space:
@@ -146,3 +146,23 @@ def greedy_by_position(
     bufs = as_buffers(buffers)
     order = sorted(range(len(bufs)), key=lambda i: (bufs[i].lower, -bufs[i].size, i))
     return _greedy(bufs, spaces, name="greedy_by_position", order=order, best_fit=False, started=started)
+
+
+def fill(buffers: Sequence[Buffer], offsets: Sequence[int | None], capacity: int) -> list[int | None]:
+    """Complete a partial placement of one space greedily: the buffers without an offset go, largest
+    first, into the best-fitting gap within ``capacity`` bytes (as :func:`greedy_by_size`); those that
+    fit nowhere keep ``None``. ``offsets`` (bytes) must be a valid partial packing; it is not mutated.
+    """
+    packer = _Space(capacity, len(buffers))
+    out = list(offsets)
+    for b, o in zip(buffers, offsets):
+        if o is not None:
+            packer.add(b, o)
+    rest = sorted((i for i, o in enumerate(offsets) if o is None),
+                  key=lambda i: (-buffers[i].size, buffers[i].lower - buffers[i].upper, i))
+    for i in rest:
+        where = packer.find(buffers[i], True)
+        if where is not None:
+            packer.add(buffers[i], where)
+            out[i] = where
+    return out

@@ -6,9 +6,13 @@ bytes) and the best greedy plan: it first asks the exact decision procedure (see
 plan fits, then for a packing at the lower bound, then bisects the range left. Every packing it finds
 is kept, so when the time limit hits it returns the best plan so far with ``timed_out=True``;
 ``optimal=True`` means the arena equals a proven bound. If no packing within capacity is found in
-the first :data:`EXACT_SHARE` of the time limit, the rest goes to large-neighbourhood search
-(:mod:`lightning_memplan.placement.improve`) from an unbounded greedy plan; its plan is used when
-it fits the capacity.
+the first :data:`EXACT_SHARE` of the time limit, :data:`LNS_SHARE` of the rest goes to
+large-neighbourhood search (:mod:`lightning_memplan.placement.improve`) from the best of greedy and
+canonical dives (:func:`_start`); its plan is used when it fits the capacity. For a single space
+the time left then completes the partial placement that leaves out the fewest buffers (greedy's,
+the improved plan cut at capacity, or the exact search's deepest: :meth:`Decider.deepest`) by
+exact window repairs (:mod:`lightning_memplan.placement.complete`); a completion is a plan within
+capacity, else the partial placement is returned (``timed_out``, buffers in ``unplaced``).
 
 Over a hierarchy it first tries to put every buffer in the first space. If that is impossible (or
 not found in time) it keeps the best greedy plan's choice of space per buffer and minimizes the
@@ -20,9 +24,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from lightning_memplan.placement._decide import Decider, Timeout, warm_up
+from lightning_memplan.placement._decide import HEURISTICS, Decider, Timeout, warm_up
 from lightning_memplan.placement.bounds import peak_live
-from lightning_memplan.placement.greedy import greedy_by_position, greedy_by_size
+from lightning_memplan.placement.complete import complete
+from lightning_memplan.placement.greedy import fill, greedy_by_position, greedy_by_size
 from lightning_memplan.placement.improve import improve
 from lightning_memplan.placement.model import (
     Buffer,
@@ -50,6 +55,7 @@ class _Space:
             [b.lower for b in chosen], [b.upper for b in chosen], [b.size for b in chosen], [b.alignment for b in chosen]
         )
         self.lower_bound = peak_live(chosen)[0]
+        self.racers: list[Decider] = []
 
     def arena(self, offsets: list[int]) -> int:
         return max((o + self.bufs[i].size for i, o in zip(self.members, offsets)), default=0)
@@ -74,6 +80,7 @@ class _Space:
         lo = self.lower_bound
         if best is None:
             race = [(lo, self.decider)] + ([(capacity, self.decider.fork())] if capacity > lo else [])
+            self.racers = [d for _, d in race]  # their deepest partial packings answer a failure
             while best is None:
                 try:
                     target, found = _race(race, deadline if race_deadline is None else min(deadline, race_deadline))
@@ -132,19 +139,59 @@ def _race(probes: list[tuple[int, Decider]], deadline: float) -> tuple[int, list
                     return cap, done.value
 
 
+LNS_SHARE = 0.5
+"""Share of the time left after the exact search that large-neighbourhood search gets when no
+packing within capacity is found; the rest goes to completing the best partial placement
+(:func:`lightning_memplan.placement.complete.complete`)."""
+
 EXACT_SHARE = 0.5
 """Share of the time limit the exact search may spend finding a first packing within capacity;
 the rest goes to improving a packing above capacity (:func:`_improved`) when it finds none."""
 
 
-def _improved(sp: _Space, capacity: int, deadline: float) -> list[int] | None:
-    """Offsets (per member of ``sp``, bytes) within ``capacity``, from large-neighbourhood search
-    started at an unbounded greedy plan and run until ``deadline``; ``None`` if it got no lower
-    than ``capacity``. Sets ``sp.found_at``."""
+def _start(sp: _Space, deadline: float) -> list[int]:
+    """A complete placement (per member of ``sp``, bytes, unbounded arena) to improve from: the
+    smallest of greedy by size and one canonical dive per plain order (the exact search's first
+    descent without a capacity: each buffer at its lowest offset, lowest first; about one node per
+    buffer, so n nodes each). Dives are skipped once ``deadline`` has passed."""
     chosen = [sp.bufs[i] for i in sp.members]
-    start = greedy_by_size(chosen, sum(b.size + b.alignment for b in chosen))
-    offsets, sp.found_at = improve(chosen, [int(o) for o in start.offset], sp.lower_bound, deadline)  # type: ignore[arg-type]
-    return offsets if sp.arena(offsets) <= capacity else None
+    unbounded = sum(b.size + b.alignment for b in chosen)
+    best = [int(o) for o in greedy_by_size(chosen, unbounded).offset]  # type: ignore[arg-type]
+    cols = ([b.lower for b in chosen], [b.upper for b in chosen], [b.size for b in chosen],
+            [b.alignment for b in chosen])
+    for order in HEURISTICS:
+        try:
+            dive = Decider(*cols, heuristics=(order,), tight_heuristics=None).solve(unbounded, deadline)
+        except Timeout:
+            break
+        if dive is not None and sp.arena(dive) < sp.arena(best):
+            best = dive
+    return best
+
+
+def _improved(sp: _Space, capacity: int, deadline: float) -> tuple[list[int] | None, list[int]]:
+    """Large-neighbourhood search from :func:`_start` until ``deadline``: the offsets (per member of
+    ``sp``, bytes) if their arena fits ``capacity`` (else ``None``), and the complete placement it
+    reached either way (arena possibly above ``capacity``). Sets ``sp.found_at``."""
+    chosen = [sp.bufs[i] for i in sp.members]
+    offsets, sp.found_at = improve(chosen, _start(sp, deadline), sp.lower_bound, deadline)
+    return (offsets if sp.arena(offsets) <= capacity else None), offsets
+
+
+def _best_partial(
+    sp: _Space, capacity: int, partials: list[list[int | None]], incumbent: list[int | None]
+) -> list[int | None]:
+    """The partial placement (per member of ``sp``: bytes or ``None``) with the fewest buffers left
+    out (then the most bytes x steps placed) among ``incumbent`` and ``partials`` completed by
+    :func:`lightning_memplan.placement.greedy.fill` within ``capacity``. Each input is a valid
+    partial packing whose placed offsets lie within ``capacity`` bytes."""
+    chosen = [sp.bufs[i] for i in sp.members]
+
+    def key(offs: list[int | None]) -> tuple[int, int]:
+        placed = sum(b.size * (b.upper - b.lower) for b, o in zip(chosen, offs) if o is not None)
+        return offs.count(None), -placed
+
+    return min([incumbent] + [fill(chosen, p, capacity) for p in partials], key=key)
 
 
 def exact_search(
@@ -187,22 +234,48 @@ def exact_search(
         return None
 
     everything = list(range(n))
-    solved_in_first = False
+    solved_in_first = partial_in_first = False
     if peak_live(bufs)[0] <= hierarchy[0].capacity and all(b.size <= hierarchy[0].capacity for b in bufs):
         sp = _Space(bufs, everything)
         race_deadline = started + EXACT_SHARE * (deadline - started)
         offs, optimal, timed_out = sp.minimize(hierarchy[0].capacity, incumbent(sp.members, 0), deadline, race_deadline)
+        reached: list[int] | None = None
         if offs is None and timed_out:
-            offs = _improved(sp, hierarchy[0].capacity, deadline)
+            lns_deadline = deadline if len(hierarchy) > 1 else time.perf_counter() + LNS_SHARE * (deadline - time.perf_counter())
+            offs, reached = _improved(sp, hierarchy[0].capacity, lns_deadline)
             optimal = offs is not None and sp.arena(offs) <= sp.lower_bound
             timed_out = not optimal
+        if offs is None and timed_out and len(hierarchy) == 1:
+            # Nothing fits found in time: answer with the partial packing that leaves out the fewest
+            # buffers (the greedy plan's, the improved plan cut at capacity, or the exact search's
+            # deepest), each completed greedily within capacity.
+            cap = hierarchy[0].capacity
+            cut: list[int | None] = (
+                [o if o + bufs[i].size <= cap else None for i, o in zip(sp.members, reached)] if reached else []
+            )
+            mine = _best_partial(
+                sp, cap, ([cut] if cut else []) + [d.deepest() for d in sp.racers], [offset[i] for i in sp.members]
+            )
+            chosen = [bufs[i] for i in sp.members]
+            mine, _ = complete(chosen, mine, cap, deadline)
+            if None not in mine:  # every buffer placed within capacity
+                offs = [int(o) for o in mine]  # type: ignore[arg-type]
+                sp.found_at = time.perf_counter()
+                optimal = sp.arena(offs) <= sp.lower_bound
+                timed_out = not optimal
+            elif mine.count(None) < len(best.unplaced):
+                partial_in_first = True
+                space, offset = [0] * n, [0] * n
+                for i, o in zip(sp.members, mine):
+                    space[i], offset[i] = (None, None) if o is None else (0, o)
+                found_at = time.perf_counter() - started
         if offs is not None:
             solved_in_first = True
             space, offset = [0] * n, [0] * n  # zero-size buffers: offset 0 of the first space
             for i, o in zip(sp.members, offs):
                 offset[i] = o
             found_at = sp.found_at - started
-    if not solved_in_first:
+    if not solved_in_first and not partial_in_first:
         proven_all = True
         for s, mem in enumerate(hierarchy):
             members = [i for i in everything if space[i] == s]
