@@ -243,19 +243,15 @@ def _kernel_views(est: ScheduleEstimate, views: Sequence[tuple[int, frozenset[st
                   shift: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """The FX plan's ``tangent_views`` (bytes, readers' node names) as steps of ``est``'s timeline:
     the kernels lowered from a reader (in order); a view no kernel was lowered from is left out."""
-    if not est.origins:
-        return ()
-    out = []
-    for nbytes, users in views:
-        steps = tuple(i + shift for i, origin in enumerate(est.origins) if set(users) & set(origin))
-        if steps:
-            out.append((nbytes, steps))
-    return tuple(out)
+    return tuple((nbytes, steps) for nbytes, users in views if (steps := _steps_reading(est, set(users), shift)))
+
+
+def _steps_reading(est: ScheduleEstimate, names: set[str], shift: int) -> tuple[int, ...]:
+    """The steps of ``est``'s timeline (in order) whose kernels were lowered from one of ``names``."""
+    return tuple(i + shift for i, origin in enumerate(est.origins or ()) if names & set(origin))
 
 
 def _last_step_reading(est: ScheduleEstimate, names: set[str], shift: int) -> int | None:
     """The last step of ``est``'s timeline whose kernels were lowered from one of ``names``."""
-    if not names or not est.origins:
-        return None
-    steps = [i + shift for i, origin in enumerate(est.origins) if names & set(origin)]
+    steps = _steps_reading(est, names, shift)
     return max(steps) if steps else None

@@ -31,12 +31,14 @@ from __future__ import annotations
 import copy
 import os
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from lightning_memplan.placement import _kernels as K
+from lightning_memplan.placement.model import Buffer, columns
 
 
 class Timeout(Exception):
@@ -186,6 +188,11 @@ class Decider:
     def _orders(heuristics: tuple[str, ...]) -> list[tuple[np.ndarray, bool]]:
         """Key codes per order, and whether it branches on a section without spare bytes (``+``)."""
         return [(np.asarray([K.KEYS[c] for c in h.rstrip("+")], dtype=np.int64), h.endswith("+")) for h in heuristics]
+
+    @classmethod
+    def of(cls, buffers: Sequence[Buffer], **kwargs: Any) -> Decider:
+        """A decider for ``buffers`` (sizes > 0 bytes), in their order; ``kwargs`` as for the constructor."""
+        return cls(*(c.tolist() for c in columns(buffers)), **kwargs)
 
     def _allocate(self) -> None:
         """Fresh search state (reused by every attempt of this object)."""

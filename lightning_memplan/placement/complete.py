@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from lightning_memplan.placement._decide import Decider, Timeout
-from lightning_memplan.placement.model import Buffer
+from lightning_memplan.placement.model import Buffer, columns
 
 __all__ = ["complete"]
 
@@ -80,10 +80,7 @@ def complete(
     """
     found_at = time.perf_counter()
     n = len(buffers)
-    lo = np.array([b.lower for b in buffers], dtype=np.int64)
-    up = np.array([b.upper for b in buffers], dtype=np.int64)
-    size = np.array([b.size for b in buffers], dtype=np.int64)
-    align = np.array([b.alignment for b in buffers], dtype=np.int64)
+    lo, up, size, align = columns(buffers)
     placed = np.array([o is not None for o in offsets], dtype=bool)
     off = np.array([0 if o is None else o for o in offsets], dtype=np.int64)
     rng = np.random.default_rng(seed)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from lightning_memplan.placement._decide import Decider, Timeout
-from lightning_memplan.placement.model import Buffer
+from lightning_memplan.placement.model import Buffer, columns
 
 __all__ = ["improve"]
 
@@ -35,10 +35,7 @@ class _Problem:
     """The buffers (all of size > 0) as numpy columns, with their pairwise overlaps in time."""
 
     def __init__(self, bufs: list[Buffer]) -> None:
-        self.lower = np.array([b.lower for b in bufs], dtype=np.int64)
-        self.upper = np.array([b.upper for b in bufs], dtype=np.int64)
-        self.size = np.array([b.size for b in bufs], dtype=np.int64)
-        self.align = np.array([b.alignment for b in bufs], dtype=np.int64)
+        self.lower, self.upper, self.size, self.align = columns(bufs)
         self.overlap = (self.lower[:, None] < self.upper[None, :]) & (self.lower[None, :] < self.upper[:, None])
         np.fill_diagonal(self.overlap, False)
 

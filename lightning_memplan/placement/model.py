@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Buffer", "MemorySpace", "Plan", "as_buffers", "as_spaces", "check_fits"]
+import numpy as np
+
+__all__ = ["Buffer", "MemorySpace", "Plan", "as_buffers", "as_spaces", "check_fits", "columns"]
 
 
 def _check_int(owner: str, name: str, value: object, minimum: int) -> None:
@@ -194,3 +196,12 @@ def check_fits(buffers: tuple[Buffer, ...], spaces: tuple[MemorySpace, ...]) -> 
                 f"`buffers[{i}]` (id={b.id!r}) has size={b.size!r} bytes, larger than every memory space "
                 f"(the largest holds {largest} bytes). Expected size <= {largest}, or a larger capacity."
             )
+
+
+def columns(buffers: Sequence[Buffer]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(lower, upper, size, alignment)`` of ``buffers`` as int64 arrays, in their order (time
+    steps, time steps, bytes, bytes)."""
+    def col(name: str) -> np.ndarray:
+        return np.fromiter((getattr(b, name) for b in buffers), dtype=np.int64, count=len(buffers))
+
+    return col("lower"), col("upper"), col("size"), col("alignment")

@@ -51,9 +51,7 @@ class _Space:
         self.members = [i for i in members if bufs[i].size > 0]
         self.bufs = bufs
         chosen = [bufs[i] for i in self.members]
-        self.decider = Decider(
-            [b.lower for b in chosen], [b.upper for b in chosen], [b.size for b in chosen], [b.alignment for b in chosen]
-        )
+        self.decider = Decider.of(chosen)
         self.lower_bound = peak_live(chosen)[0]
         self.racers: list[Decider] = []
 
@@ -157,11 +155,9 @@ def _start(sp: _Space, deadline: float) -> list[int]:
     chosen = [sp.bufs[i] for i in sp.members]
     unbounded = sum(b.size + b.alignment for b in chosen)
     best = [int(o) for o in greedy_by_size(chosen, unbounded).offset]  # type: ignore[arg-type]
-    cols = ([b.lower for b in chosen], [b.upper for b in chosen], [b.size for b in chosen],
-            [b.alignment for b in chosen])
     for order in HEURISTICS:
         try:
-            dive = Decider(*cols, heuristics=(order,), tight_heuristics=None).solve(unbounded, deadline)
+            dive = Decider.of(chosen, heuristics=(order,), tight_heuristics=None).solve(unbounded, deadline)
         except Timeout:
             break
         if dive is not None and sp.arena(dive) < sp.arena(best):
