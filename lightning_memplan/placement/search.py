@@ -50,9 +50,10 @@ class _Space:
     def __init__(self, bufs: tuple[Buffer, ...], members: list[int]) -> None:
         self.members = [i for i in members if bufs[i].size > 0]
         self.bufs = bufs
-        chosen = [bufs[i] for i in self.members]
-        self.decider = Decider.of(chosen)
-        self.lower_bound = peak_live(chosen)[0]
+        #: The members' buffers, in member order.
+        self.chosen = [bufs[i] for i in self.members]
+        self.decider = Decider.of(self.chosen)
+        self.lower_bound = peak_live(self.chosen)[0]
         self.racers: list[Decider] = []
 
     def arena(self, offsets: list[int]) -> int:
@@ -152,7 +153,7 @@ def _start(sp: _Space, deadline: float) -> list[int]:
     smallest of greedy by size and one canonical dive per plain order (the exact search's first
     descent without a capacity: each buffer at its lowest offset, lowest first; about one node per
     buffer, so n nodes each). Dives are skipped once ``deadline`` has passed."""
-    chosen = [sp.bufs[i] for i in sp.members]
+    chosen = sp.chosen
     unbounded = sum(b.size + b.alignment for b in chosen)
     best = [int(o) for o in greedy_by_size(chosen, unbounded).offset]  # type: ignore[arg-type]
     for order in HEURISTICS:
@@ -169,8 +170,7 @@ def _improved(sp: _Space, capacity: int, deadline: float) -> tuple[list[int] | N
     """Large-neighbourhood search from :func:`_start` until ``deadline``: the offsets (per member of
     ``sp``, bytes) if their arena fits ``capacity`` (else ``None``), and the complete placement it
     reached either way (arena possibly above ``capacity``). Sets ``sp.found_at``."""
-    chosen = [sp.bufs[i] for i in sp.members]
-    offsets, sp.found_at = improve(chosen, _start(sp, deadline), sp.lower_bound, deadline)
+    offsets, sp.found_at = improve(sp.chosen, _start(sp, deadline), sp.lower_bound, deadline)
     return (offsets if sp.arena(offsets) <= capacity else None), offsets
 
 
@@ -181,7 +181,7 @@ def _best_partial(
     out (then the most bytes x steps placed) among ``incumbent`` and ``partials`` completed by
     :func:`lightning_memplan.placement.greedy.fill` within ``capacity``. Each input is a valid
     partial packing whose placed offsets lie within ``capacity`` bytes."""
-    chosen = [sp.bufs[i] for i in sp.members]
+    chosen = sp.chosen
 
     def key(offs: list[int | None]) -> tuple[int, int]:
         placed = sum(b.size * (b.upper - b.lower) for b, o in zip(chosen, offs) if o is not None)
@@ -252,8 +252,7 @@ def exact_search(
             mine = _best_partial(
                 sp, cap, ([cut] if cut else []) + [d.deepest() for d in sp.racers], [offset[i] for i in sp.members]
             )
-            chosen = [bufs[i] for i in sp.members]
-            mine, _ = complete(chosen, mine, cap, deadline)
+            mine, _ = complete(sp.chosen, mine, cap, deadline)
             if None not in mine:  # every buffer placed within capacity
                 offs = [int(o) for o in mine]  # type: ignore[arg-type]
                 sp.found_at = time.perf_counter()
