@@ -84,6 +84,10 @@ class MemPlan:
     """Every plan forecast during the search, in the order they were tried."""
     notes: tuple[str, ...] = ()
     """What the partitioner did per region (solver called or which early exit), warnings."""
+    regional: tuple[str, ...] = ()
+    """Qualified names of the submodules compiled on their own (regional compilation: the graph
+    breaks around each, and blocks alike share one compiled graph, the budget applied to it); ``()``:
+    the module is compiled whole."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, (int, float)) or isinstance(self.budget, bool) or not (
@@ -150,6 +154,7 @@ class MemPlan:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in data.items() if k in known}
         kw["checkpoint"] = tuple(kw.get("checkpoint", ()))
+        kw["regional"] = tuple(kw.get("regional", ()))
         kw["notes"] = tuple(kw.get("notes", ()))
         cand_fields = {f.name for f in fields(Candidate)}
         kw["candidates"] = tuple(

@@ -19,6 +19,7 @@ from lightning_memplan._torch.version import require
 _R = TypeVar("_R")
 
 __all__ = [
+    "breaking_call",
     "dynamo_allows_rnn",
     "force_disable_caches_patch",
     "isolated_compile_kwargs",
@@ -102,5 +103,20 @@ def resuming_nested_graph_breaks(compiled: Callable[..., _R]) -> Callable[..., _
     def call(*args: Any, **kwargs: Any) -> _R:
         with config.patch(nested_graph_breaks=True):
             return compiled(*args, **kwargs)
+
+    return call
+
+
+def breaking_call(fn: Callable[..., _R], *, recompile_limit: int) -> Callable[..., _R]:
+    """``fn`` called from a frame dynamo does not trace (``torch.compiler.disable(recursive=False)``):
+    a caller being compiled breaks its graph at the call instead of inlining ``fn``, and frames
+    ``fn`` calls are compiled as usual. Within the call dynamo's recompile limit (per code object)
+    is at least ``recompile_limit``."""
+    config = torch._dynamo.config
+
+    @torch.compiler.disable(recursive=False)
+    def call(*args: Any, **kwargs: Any) -> _R:
+        with config.patch(recompile_limit=max(config.recompile_limit, recompile_limit)):
+            return fn(*args, **kwargs)
 
     return call

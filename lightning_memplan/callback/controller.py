@@ -69,8 +69,8 @@ def _warn(message: str, stacklevel: int = 3) -> None:
 
 
 def _key(plan: MemPlan) -> tuple[Any, ...]:
-    """What makes two plans compile alike: budget, checkpointed blocks, solver."""
-    return plan.budget, plan.checkpoint, plan.solver
+    """What makes two plans compile alike: budget, checkpointed blocks, solver, regional blocks."""
+    return plan.budget, plan.checkpoint, plan.solver, plan.regional
 
 
 class PlanController:
@@ -282,8 +282,9 @@ class PlanController:
             # plan) and the planned graph keeps serving the planned size (see compile_watch)
             ckw = {**isolated_compile_kwargs(), "dynamic": False, **self._o.compile_kwargs}
             compiled = resuming_nested_graph_breaks(torch.compile(_fresh_forward(module), backend=backend, **ckw))
-            # FSDP2 units: each compiled on its own (see unit_compile), for this fit
-            self._stack.enter_context(UnitCompile(module, backend, ckw).installed())
+            # FSDP2 units and the plan's regional blocks: each compiled on its own (see unit_compile), for this fit
+            regional = [module.get_submodule(n) for n in plan.regional]
+            self._stack.enter_context(UnitCompile(module, backend, ckw, regional).installed())
         except Exception as exc:  # noqa: BLE001 - a failed plan must not lose the run
             self.fall_back("installing the plan", exc)
             return

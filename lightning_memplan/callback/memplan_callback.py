@@ -80,6 +80,13 @@ class MemPlanCallback(Callback):
             on a CPU, over a minute for a small model), said at fit start; ``"inductor"`` or
             ``"aot_eager"`` to choose.
         candidate_budgets: budgets the search tries with each checkpoint set.
+        regional: compile the model's repeated blocks (a transformer's layers) each on its own, as
+            PyTorch's regional compilation does: layers alike share one compiled graph, so the
+            compile and the plan search cost about the same at any depth (layers that read a
+            constant of their own, such as a KV cache's layer index, compile a graph each), and
+            each budget is applied to that one layer's graph (and to the stem's and head's graphs).
+            ``False`` (default): one compile of the whole module. The plan records the blocks
+            (``plan.regional``).
         remat_budgets: budgets of the whole-graph rematerialization plans (solver ``"remat"``) the
             search tries besides; ``()`` for none.
         search_backend: backend the candidates are forecast with (``"aot_eager"``: no code
@@ -166,13 +173,14 @@ class MemPlanCallback(Callback):
         verbose: bool = True,
         submodule: str | None = None,
         forecast_new_shapes: bool = True,
+        regional: bool = False,
     ) -> None:
         self._options = callback_options(
             budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint, backend=backend,
             candidate_budgets=candidate_budgets, search_backend=search_backend, remat_budgets=remat_budgets,
             plan=plan, replan=replan, measure_batches=measure_batches, log_plots=log_plots,
             compile_kwargs=compile_kwargs, verbose=verbose, submodule=submodule,
-            forecast_new_shapes=forecast_new_shapes)
+            forecast_new_shapes=forecast_new_shapes, regional=regional)
         #: the arguments as given (``backend="auto"`` unresolved); ``_options`` holds them for this fit's device
         self._given = self._options
         for note in self._options.notes:  # arguments the others override

@@ -85,13 +85,15 @@ def compile_step(
     inputs: tuple[Any, ...],
     loss_fn: Callable[[Any], torch.Tensor] | None,
     optimizer: torch.optim.Optimizer | None,
+    regional: tuple[nn.Module, ...] = (),
 ) -> CompiledStep:
     """Compile one training step with ``be`` by running forward and backward once (model restored:
     gradients, buffers and the RNG; under FSDP2 the backward graphs are compiled with the forward and
     not run). With several regions, or when the run stored new state on the model's modules (a
     cache a forward makes at its first call: later calls run another graph), the run is made twice,
     the second the steady one the forecast lays out, watching where each region's outputs die
-    (``be.early_frees``). The optimizer is not stepped."""
+    (``be.early_frees``). The optimizer is not stepped. ``regional``: submodules compiled on their
+    own (:class:`UnitCompile`'s ``blocks``), in the forecast and in ``step()``."""
     # static: a forecast is of these inputs' shapes. With dynamic=None, dynamo's profile of earlier
     # compiles of the same code in this process (automatic_dynamic_local_pgo) could make it a
     # dynamic-shape graph, and AOTAutograd would mark the caller's tensors dynamic for later compiles.
@@ -101,7 +103,7 @@ def compile_step(
     fsdp = fsdp2_units(model)
     groups = fsdp.groups if fsdp is not None else ()
     be.call_owner = (lambda: fsdp2_active_unit(groups)) if fsdp is not None else None
-    units = UnitCompile(model, be, compile_kwargs)  # FSDP2 units: each compiled on its own
+    units = UnitCompile(model, be, compile_kwargs, regional)  # FSDP2 units and regional blocks: each on its own
 
     def compiled(*args: Any) -> torch.Tensor:
         with units.installed():

@@ -22,6 +22,7 @@ from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.validate import (
     check_budgets,
     check_checkpoint_sets,
+    check_regional,
     check_step_args,
     resolve_solver,
 )
@@ -41,6 +42,7 @@ def forecast_sweep(
     solver: str | Callable[..., Any] = "dp",
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    regional: Sequence[str] = (),
 ) -> dict[float, Forecast]:
     """Forecast several budgets from ONE compile: trace once, partition the same joint graph under
     every budget (``aot_eager``), run forward and backward once with the first budget's plan.
@@ -49,14 +51,15 @@ def forecast_sweep(
     what :func:`forecast` with ``backend="aot_eager"`` gives at that budget (same graphs, decisions,
     peak); only the first budget's ``step()`` trains, the others raise a ``RuntimeError`` (their plan
     was partitioned, never compiled to run: call :func:`forecast` with that budget to train with it).
-    ``compile_seconds`` is the shared compiling run's, the same in every forecast.
+    ``compile_seconds`` is the shared compiling run's, the same in every forecast. ``regional``: as
+    :func:`forecast`'s (each region's graph partitioned under every budget).
 
     Raises:
         ValueError: bad arguments (as :func:`forecast`), or no budget.
         RuntimeError: a torch without the features needed (torch < 2.11).
     """
     grid = _grid(model, example_inputs, budgets=budgets, checkpoint_sets=((),), solver=solver, loss_fn=loss_fn,
-                 optimizer=optimizer, call="forecast_sweep")
+                 optimizer=optimizer, call="forecast_sweep", regional=regional)
     return {b: fc for (_, b), fc in grid.items()}
 
 
@@ -71,6 +74,7 @@ def forecast_grid(
     optimizer: torch.optim.Optimizer | None = None,
     run: tuple[Sequence[str], float] | None = None,
     remat_budgets: Sequence[float] = (),
+    regional: Sequence[str] = (),
 ) -> dict[GridKey, Forecast]:
     """Forecast every plan (checkpointed blocks, budget) from ONE compile of the unchanged model.
 
@@ -88,16 +92,22 @@ def forecast_grid(
     :mod:`lightning_memplan.core.remat`) partitioned on the same joint graph, under the keys
     ``("remat", budget)``; each equals :func:`forecast` with ``solver="remat"`` at that budget.
 
+    ``regional``: submodules compiled on their own (as :func:`forecast`'s). Their checkpointing is
+    not emulated (blocks alike share one graph): forecast it with :func:`forecast_sweep` inside
+    :func:`~lightning_memplan.planner.checkpointing.checkpointed`, one trace per set.
+
     Returns ``{(checkpoint_set, budget): Forecast}``, sets in the order given, then budgets, then
     ``{("remat", budget): Forecast}`` in the order of ``remat_budgets``.
 
     Raises:
         ValueError: bad arguments (as :func:`forecast`), no budget, a name that is not a submodule,
-            or ``solver="remat"`` (give its budgets as ``remat_budgets``).
+            ``solver="remat"`` (give its budgets as ``remat_budgets``), or a checkpoint set that
+            holds a ``regional`` block.
         RuntimeError: a torch without the features needed (torch < 2.11).
     """
     return _grid(model, example_inputs, budgets=budgets, checkpoint_sets=checkpoint_sets, solver=solver,
-                 loss_fn=loss_fn, optimizer=optimizer, call="forecast_grid", run=run, remat_budgets=remat_budgets)
+                 loss_fn=loss_fn, optimizer=optimizer, call="forecast_grid", run=run, remat_budgets=remat_budgets,
+                 regional=regional)
 
 
 def _grid(
@@ -112,6 +122,7 @@ def _grid(
     call: str,
     run: tuple[Sequence[str], float] | None = None,
     remat_budgets: Sequence[float] = (),
+    regional: Sequence[str] = (),
 ) -> dict[GridKey, Forecast]:
     """:func:`forecast_grid`'s work, its errors naming ``call`` (the public function called)."""
     bs = check_budgets(budgets, call, "budgets", empty=False)
@@ -122,6 +133,13 @@ def _grid(
                          "give a knapsack solver and the remat budgets as `remat_budgets=...`.")
     inputs = check_step_args(model, example_inputs, loss_fn, optimizer)
     emulated = check_checkpoint_sets(checkpoint_sets, model, call)
+    blocks = check_regional(regional, model, call)
+    held = [s for s in emulated if set(s) & set(regional)]
+    if held:
+        raise ValueError(f"`{call}(checkpoint_sets=...)`: {list(held[0])!r} holds blocks compiled on their own "
+                         f"(regional={list(regional)!r}), whose checkpointing the grid cannot emulate (blocks alike "
+                         "share one graph); forecast such a set with `forecast_sweep(..., regional=...)` inside "
+                         "`checkpointed(model, blocks)`.")
     sets = tuple(dict.fromkeys(tuple(s) for s in checkpoint_sets))
     run_ck, run_b = ((), bs[0]) if run is None else (tuple(run[0]), run[1])
     if run is not None and (run_ck not in sets or run_b not in bs):
@@ -129,7 +147,7 @@ def _grid(
                          f"and a budget of budgets, e.g. ({list(sets[-1])!r}, {bs[0]!r}).")
     be = memplan_backend(budget=run_b, solver=solver, inner="aot_eager", sweep=bs,  # type: ignore[arg-type]
                          sweep_checkpoints=emulated, model=model, run_checkpoint=run_ck, sweep_remat=rbs)
-    compiled = compile_step(be, model, inputs, loss_fn, optimizer)
+    compiled = compile_step(be, model, inputs, loss_fn, optimizer, blocks)
 
     out: dict[GridKey, Forecast] = {}
     opt_mem = optimizer_memory(optimizer) if optimizer is not None else None  # the same for every plan

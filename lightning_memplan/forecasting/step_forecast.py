@@ -35,6 +35,7 @@ from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.validate import (
     check_budget,
     check_inner,
+    check_regional,
     check_step_args,
     resolve_solver,
 )
@@ -51,6 +52,7 @@ def forecast(
     backend: str = "inductor",
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    regional: Sequence[str] = (),
 ) -> Forecast:
     """Compile one training step of ``model`` with this budget and solver, and forecast its peak.
 
@@ -68,6 +70,10 @@ def forecast(
         backend: ``"inductor"`` or ``"aot_eager_decomp_partition"`` (alias ``"aot_eager"``).
         loss_fn: ``output -> scalar``; default ``output.sum()``.
         optimizer: stepped (and ``zero_grad(set_to_none=True)``) at the end of each ``step()``.
+        regional: submodules (names from ``model.named_modules()``) compiled on their own, as
+            regional compilation does (``for layer in model.layers: layer.compile()``): the graph
+            breaks around each, and blocks of one class and shapes share one compiled graph, its
+            budget applied to that graph. ``()``: one compile of the whole model.
 
     Raises:
         ValueError: bad arguments (each message names the argument and what is allowed).
@@ -77,7 +83,8 @@ def forecast(
     solver_name, _ = resolve_solver(solver, "forecast")  # type: ignore[arg-type]
     inner = check_inner(backend, "forecast", "backend")
     inputs = check_step_args(model, example_inputs, loss_fn, optimizer)
+    blocks = check_regional(regional, model, "forecast")
     be = memplan_backend(budget=b, solver=solver, inner=inner)  # type: ignore[arg-type]
-    run = compile_step(be, model, inputs, loss_fn, optimizer)
+    run = compile_step(be, model, inputs, loss_fn, optimizer, blocks)
     plan = PlanCapture(backend=be, regions=be.regions, inner=inner, budget=b, solver_name=solver_name, step=run.step)
     return assemble_forecast(run, plan, stacklevel=3)

@@ -1,4 +1,5 @@
-"""Compile each FSDP2 unit's forward on its own, as torchtitan and Lightning's FSDP2 guides do.
+"""Compile each FSDP2 unit's forward on its own, as torchtitan and Lightning's FSDP2 guides do, and
+the repeated blocks of a regional compile (``blocks``) likewise.
 
 FSDP2 (``fully_shard``) runs hooks around every unit's call that dynamo does not trace (a
 ``torch._dynamo.disable``-d function), so each unit call breaks the graph. A model's forward that
@@ -17,17 +18,29 @@ shares that one compiled function (a fresh code object per :class:`UnitCompile`,
 meets an old cache entry): units of one class share its graph as they would as frames of their own.
 A ``forward`` already set on the instance (activation checkpointing's wrapper) is what is called,
 so checkpointed units are compiled checkpointed.
+
+Regional compilation (``blocks``: modules without FSDP2, e.g. the layers of a transformer) does the
+same for modules no hook separates from their caller: each block's call goes through a
+``torch._dynamo.disable``-d function, so the caller's graph breaks there (dynamo would otherwise
+inline the block, and the nested compiled function with it, into the caller's graph), and the block
+runs in the one compiled function shared by every block. Identical blocks then run ONE compiled
+graph (partitioned once, its activation memory budget applied to one block's graph); the code
+around them (a stem, a head) compiles as regions of its own, resumed after the break
+(``resuming_nested_graph_breaks``). A block that reads a constant of its own (transformers' layers
+pass their ``layer_idx`` to a KV cache) compiles a graph of its own: still planned and forecast,
+but not shared.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from lightning_memplan._torch.dynamo import breaking_call
 from lightning_memplan.core.instance_patch import instance_attributes
 
 __all__ = ["UnitCompile", "fsdp2_unit_modules"]
@@ -47,6 +60,14 @@ def _call_unit(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return forward(*args, **kwargs)
 
 
+def _regional_call(compiled: Callable[..., Any], forward: Callable[..., Any], graphs: int) -> Callable[..., Any]:
+    """``forward`` called through ``compiled`` from a frame dynamo does not trace (a caller being
+    compiled breaks its graph there), with room for ``graphs`` compiled graphs: blocks that read a
+    constant of their own (a KV cache's layer index) compile a graph each, and past dynamo's
+    recompile limit the rest would run eagerly."""
+    return breaking_call(functools.partial(compiled, forward), recompile_limit=graphs)
+
+
 class UnitCompile:
     """One compiled function through which ``model``'s FSDP2 units run their forwards.
 
@@ -58,12 +79,17 @@ class UnitCompile:
         model: the module compiled as a whole (the LightningModule or its planned submodule).
         backend: the dynamo backend of the whole (the same plan and the same region recording).
         compile_kwargs: ``torch.compile`` options of the whole (``dynamic``, ``isolate_recompiles``).
+        blocks: further modules inside ``model`` compiled on their own (regional compilation);
+            FSDP2 units among them are units already.
     """
 
-    def __init__(self, model: nn.Module, backend: Any, compile_kwargs: dict[str, Any]) -> None:
+    def __init__(self, model: nn.Module, backend: Any, compile_kwargs: dict[str, Any],
+                 blocks: Sequence[nn.Module] = ()) -> None:
         from lightning_memplan.core.fresh_code import fresh_function
 
-        self.units: tuple[nn.Module, ...] = tuple(fsdp2_unit_modules(model))
+        fsdp = fsdp2_unit_modules(model)
+        self._regional = tuple(b for b in dict.fromkeys(blocks) if b is not model and b not in fsdp)
+        self.units: tuple[nn.Module, ...] = (*fsdp, *self._regional)
         self._compiled = torch.compile(fresh_function(_call_unit), backend=backend, **compile_kwargs)
 
     @contextlib.contextmanager
@@ -71,9 +97,18 @@ class UnitCompile:
         """Within the block, each unit's ``forward`` runs compiled (nested blocks are fine: an
         installed unit is left as it is)."""
         todo = [unit for unit in self.units if not self._installed_on(unit)]  # nested blocks: once
-        with instance_attributes([(u, "forward", functools.partial(self._compiled, u.forward)) for u in todo]):
+        with instance_attributes([(u, "forward", self._call(u)) for u in todo]):
             yield
+
+    def _call(self, unit: nn.Module) -> Callable[..., Any]:
+        if any(unit is b for b in self._regional):
+            call = _regional_call(self._compiled, unit.forward, 2 * len(self.units) + 8)
+            call.__memplan_unit__ = self._compiled  # type: ignore[attr-defined]
+            return call
+        return functools.partial(self._compiled, unit.forward)
 
     def _installed_on(self, unit: nn.Module) -> bool:
         current = unit.__dict__.get("forward")
-        return isinstance(current, functools.partial) and current.func is self._compiled
+        if isinstance(current, functools.partial):
+            return current.func is self._compiled
+        return getattr(current, "__memplan_unit__", None) is self._compiled

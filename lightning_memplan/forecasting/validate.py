@@ -125,6 +125,20 @@ def check_checkpoint_sets(sets: Sequence[Sequence[str]], model: nn.Module | None
     return out
 
 
+def check_regional(names: object, model: nn.Module, call: str) -> tuple[nn.Module, ...]:
+    """The modules named by ``regional`` (qualified submodule names of ``model``, compiled on their
+    own), in the order given, duplicates dropped; ``()`` for none."""
+    if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"`{call}(regional={names!r})` must be a sequence of submodule names compiled on their "
+                         "own, e.g. ('layers.0', 'layers.1'), or () for one compile of the whole model.")
+    modules = dict(model.named_modules())
+    missing = sorted(set(names) - set(modules) | ({""} & set(names)))
+    if missing:
+        raise ValueError(f"`{call}(regional=...)`: {missing!r} are not submodules of the model; use names "
+                         f"from `model.named_modules()`, e.g. {sorted(set(modules) - {''})[:4]!r}.")
+    return tuple(modules[n] for n in dict.fromkeys(names))
+
+
 def check_step_args(model: object, example_inputs: object, loss_fn: object, optimizer: object) -> tuple[Any, ...]:
     """The training step's arguments of ``forecast`` (and the grid) checked; returns
     ``example_inputs`` as a tuple of tensors (one tensor becomes a 1-tuple)."""

@@ -25,6 +25,7 @@ from lightning_memplan.planner.checkpointing import (
 )
 from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.plan_forecast import BoundForward, sum_outputs
+from lightning_memplan.planner.regional import regional_blocks
 from lightning_memplan.planner.search import PlanDoesNotFit, rejudge, search
 from lightning_memplan.planner.settings import PlanSettings
 from lightning_memplan.planner.step_model import (
@@ -59,7 +60,8 @@ def decide_plan(
 
     ``forward`` is ``module``'s original forward, called as ``forward(*args, **kwargs)``; the
     candidates are forecast on ``settings.search_backend`` (the plan's blocks are named relative to
-    ``module``, its ``backend`` is ``settings.backend``). Candidates are judged by the memory of the
+    ``module``, its ``backend`` is ``settings.backend``; its ``regional`` blocks, from
+    ``settings.regional``, are compiled on their own in every candidate). Candidates are judged by the memory of the
     Lightning training step ``loop`` runs (:func:`lightning_step_memory`, bytes).
     When nothing fits ``max_memory``, warns (:class:`MemPlanWarning`, ``f"{call}: ..."``, ``stacklevel``
     as for ``warnings.warn``: 2 points at the caller) and returns the plan with the smallest
@@ -70,9 +72,16 @@ def decide_plan(
     Raises:
         RuntimeError: every candidate's forecast failed (from the search).
     """
+    regional = regional_blocks(module, settings.regional)
+    if settings.regional and not regional:
+        message = (f"{call}: regional=True, but {type(module).__name__} has no repeated blocks (two or more "
+                   "sibling submodules of one class with trainable parameters); it is compiled whole.")
+        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
+        if warned is not None:
+            warned.append(message)
     if not isinstance(settings.budget, str):
         return MemPlan(budget=float(settings.budget), solver=settings.solver_name,
-                       backend=settings.backend, reason="budget given")
+                       backend=settings.backend, reason="budget given", regional=regional)
     sets = checkpoint_candidates(resolve_blocks(module, settings.checkpoint))
     target = BoundForward(module, forward, kwargs)
     grads = step_grad_bytes(module, loop)
@@ -83,7 +92,7 @@ def decide_plan(
                         loss_fn=sum_outputs, max_memory=settings.max_memory,
                         remat_budgets=settings.remat_budgets,
                         step_memory=lambda fc: lightning_step_memory(fc, grads, loop),
-                        keep_forecasts=kept is not None)
+                        keep_forecasts=kept is not None, regional=[f"module.{b}" for b in regional])
         plan, forecasts = result.plan, result.forecasts
     except PlanDoesNotFit as exc:
         message = f"{call}: {exc} Training with the smallest plan."
@@ -101,7 +110,7 @@ def decide_plan(
         warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
         if warned is not None:
             warned.append(message)
-    return _relative_to_module(plan, settings)
+    return dataclasses.replace(_relative_to_module(plan, settings), regional=regional)
 
 
 def _relative_to_module(plan: MemPlan, settings: PlanSettings) -> MemPlan:
@@ -156,4 +165,4 @@ def rejudge_plan(
         ([f"on {calls} forward calls per step"] if calls > 1 or not (eager_loss or made_input_bytes) else [])
         + (["with the inputs training_step makes"] if made_input_bytes else [])
         + (["with the loss on the outputs measured on the first batch"] if eager_loss else []))
-    return dataclasses.replace(new, backend=settings.backend, reason=f"{new.reason}, {how}")
+    return dataclasses.replace(new, backend=settings.backend, reason=f"{new.reason}, {how}", regional=plan.regional)

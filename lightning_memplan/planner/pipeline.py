@@ -156,7 +156,7 @@ def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], why: 
                         solver=plan.solver)
     except PlanDoesNotFit as exc:  # the smallest of them, as the search takes when nothing fits
         chosen = exc.plan
-    chosen = dataclasses.replace(chosen, backend=plan.backend,
+    chosen = dataclasses.replace(chosen, backend=plan.backend, regional=plan.regional,
                                  reason=f"{chosen.reason}, among the plans without checkpointing")
     forecasts = tuple(None if c.checkpoint else f for c, f in zip(plan.candidates, kept)) if kept else ()
     return chosen, forecasts

@@ -77,7 +77,8 @@ def forecast_plan(
     *,
     loop: TrainingLoop = TrainingLoop(),
 ) -> tuple[MemPlan, Forecast]:
-    """Forecast ``plan`` on ``settings.backend`` (the plan's blocks must already be wrapped) and
+    """Forecast ``plan`` on ``settings.backend`` (the plan's blocks must already be wrapped; its
+    ``regional`` blocks are compiled on their own) and
     return the plan with the prediction for the Lightning step ``loop`` runs
     (:func:`lightning_step_memory`), breakdown and partitioner notes filled in, and the
     :class:`~lightning_memplan.forecasting.result.Forecast`. Raises what the forecast raises."""
@@ -85,7 +86,7 @@ def forecast_plan(
 
     fc = forecast(BoundForward(module, forward, kwargs), tuple(args), budget=plan.budget,
                   solver=plan_solver(settings, plan), backend=settings.backend, loss_fn=sum_outputs,
-                  optimizer=optimizer)
+                  optimizer=optimizer, regional=tuple(f"module.{n}" for n in plan.regional))
     if fc.peak_bytes is None:
         return plan, fc
     grads = step_grad_bytes(module, loop)

@@ -130,6 +130,7 @@ def search(
     remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     step_memory: Callable[[Any], tuple[int, int | None]] | None = None,
     keep_forecasts: bool = False,
+    regional: Sequence[str] = (),
 ) -> SearchResult:
     """Forecast every (checkpoint set, budget) plan and choose one (see the module docstring).
 
@@ -143,6 +144,10 @@ def search(
     previous gradients through the forward); default ``(forecast.baseline_bytes, forecast.peak_bytes)``.
     ``keep_forecasts``: keep every candidate's forecast (plain data, see :class:`SearchResult`) so
     the candidates can be judged again without compiling (:func:`rejudge`).
+    ``regional``: submodules compiled on their own in every candidate (see
+    :func:`~lightning_memplan.forecast`): the partitions, one per distinct block graph, do not grow
+    with the number of blocks; a checkpoint set holding some of them is forecast with its blocks
+    really wrapped, one trace per set.
 
     Raises:
         PlanDoesNotFit: ``max_memory`` given and no forecast fits it (its ``forecasts`` attribute
@@ -167,19 +172,21 @@ def search(
     # and every checkpoint set (emulated by recompute tags, as torch.utils.checkpoint sets them)
     grid: dict[Any, Any] = {}
     sweepable = backend in ("aot_eager", "aot_eager_decomp_partition") and bool(budgets)
-    if sweepable:
-        # its one real forward and backward runs the most checkpointed plan: the search must not run
-        # out of memory where the unplanned model would
-        frugal = (max(sets, key=len) if sets else (), float(budgets[0]))
+    regional = tuple(regional)
+    emulable = [ck for ck in sets if not set(ck) & set(regional)]  # the grid cannot tag a shared block graph
+    if sweepable and emulable:
+        # its one real forward and backward runs the most checkpointed plan (regional: the least
+        # budget): the search must not run out of memory where the unplanned model would
+        frugal = (max(emulable, key=len), float(min(budgets) if regional else budgets[0]))
         try:
             # a plan the grid could not forecast (status not "ok": e.g. blocks whose nodes no region
             # names, as when dynamo compiles each FSDP2 block on its own) is forecast again below,
             # one trace with the blocks really wrapped: its warning would only repeat that
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="lightning_memplan.forecast: ", category=RuntimeWarning)
-                grid = forecast_grid(model, tuple(example_inputs), budgets=tuple(budgets), checkpoint_sets=sets,
+                grid = forecast_grid(model, tuple(example_inputs), budgets=tuple(budgets), checkpoint_sets=emulable,
                                      solver="dp" if remat_only else solver, loss_fn=loss_fn, optimizer=optimizer,
-                                     run=frugal, remat_budgets=remat_budgets)
+                                     run=frugal, remat_budgets=remat_budgets, regional=regional)
         except Exception:  # noqa: BLE001 - fall back to one trace per checkpoint set
             grid = {}
     for ck in (() if remat_only else sets):
@@ -189,7 +196,7 @@ def search(
             if sweepable and len(swept) < len(budgets):
                 try:  # the emulation failed for this set: one trace with the blocks really wrapped
                     swept = forecast_sweep(model, tuple(example_inputs), budgets=tuple(budgets), solver=solver,
-                                           loss_fn=loss_fn, optimizer=optimizer)
+                                           loss_fn=loss_fn, optimizer=optimizer, regional=regional)
                 except Exception:  # noqa: BLE001 - fall back to one forecast per budget
                     swept = {}
             for b in budgets:
@@ -198,7 +205,7 @@ def search(
                     fc = swept.get(float(b)) if swept else None
                     if fc is None:
                         fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
-                                      backend=backend, loss_fn=loss_fn, optimizer=optimizer)
+                                      backend=backend, loss_fn=loss_fn, optimizer=optimizer, regional=regional)
                     base, peak = judge(fc)
                     cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=peak,
                                      cost=forecast_flops(fc), note=_note(fc))
@@ -220,7 +227,7 @@ def search(
             fc = grid.get(("remat", b))
             if fc is None or fc.status != "ok":
                 fc = forecast(model, tuple(example_inputs), budget=b, solver="remat", backend=backend,
-                              loss_fn=loss_fn, optimizer=optimizer)
+                              loss_fn=loss_fn, optimizer=optimizer, regional=regional)
             base, peak = judge(fc)
             cand = Candidate(budget=b, peak_bytes=peak, cost=forecast_flops(fc), note=_note(fc), solver="remat")
             baseline = base if baseline is None else baseline

@@ -19,6 +19,7 @@ from torch import nn
 
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy, _policy_classes
+from lightning_memplan.planner.regional import check_regional
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.units import parse_bytes
 
@@ -43,6 +44,8 @@ class PlanSettings:
     search_backend: Literal["inductor", "aot_eager"]
     remat_budgets: tuple[float, ...] = DEFAULT_REMAT_BUDGETS
     """Whole-graph rematerialization budgets the search adds (``()``: none)."""
+    regional: bool = False
+    """Whether the repeated blocks are compiled each on its own (:mod:`lightning_memplan.planner.regional`)."""
 
     @classmethod
     def from_args(
@@ -57,6 +60,7 @@ class PlanSettings:
         candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
         search_backend: str = "aot_eager",
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
+        regional: bool = False,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""
         from lightning_memplan.forecasting.validate import check_budget, check_budgets, check_inner, resolve_solver
@@ -88,7 +92,7 @@ class PlanSettings:
             checkpoint=checkpoint, backend=_check_backend(backend, call),
             candidate_budgets=cands,
             search_backend=check_inner(search_backend, call, "search_backend"),
-            remat_budgets=remat,
+            remat_budgets=remat, regional=check_regional(regional, call),
         )
 
 

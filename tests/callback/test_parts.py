@@ -201,6 +201,7 @@ def test_the_trainer_view_without_a_trainer() -> None:
     ({"compile_kwargs": [1]}, r"compile_kwargs=\[1\]\)` must be a dict"),
     ({"compile_kwargs": {"backend": "eager"}}, r"set the backend with `backend=`"),
     ({"forecast_new_shapes": "yes"}, r"forecast_new_shapes='yes'\)` must be True or False"),
+    ({"regional": "auto"}, r"regional='auto'\)` is not valid. Expected True \(compile the repeated blocks"),
     ({"plan": 3}, r"plan=3\)` must be a MemPlan"),
     ({"plan": "/no/such/plan.json"}, r"no such file"),
 ])

@@ -16,14 +16,15 @@ def _plan() -> MemPlan:
     return MemPlan(budget=0.5, solver="dp", checkpoint=("blocks.1",), backend="aot_eager",
                    predicted_peak_bytes=250, baseline_bytes=1000,
                    breakdown={"activations": 200, "gradients": 50}, reason="knee",
-                   knee=1, chosen=1, candidates=cands, notes=("region 0: solver called",))
+                   knee=1, chosen=1, candidates=cands, notes=("region 0: solver called",),
+                   regional=("blocks.0", "blocks.1"))
 
 
 def test_json_round_trip(tmp_path: Path) -> None:
     plan = _plan()
     path = plan.save(tmp_path / "sub" / "plan.json")
     assert json.loads(path.read_text())["format"] == 1
-    assert MemPlan.load(path) == plan
+    assert MemPlan.load(path) == plan and MemPlan.load(path).regional == ("blocks.0", "blocks.1")
     assert plan.candidates[1].label == "budget 0.5, 1 ckpt"
 
 
@@ -31,7 +32,7 @@ def test_old_and_extra_keys(tmp_path: Path) -> None:
     p = tmp_path / "p.json"
     p.write_text(json.dumps({"budget": 0.3, "solver": "ilp", "future_key": 1}))
     plan = MemPlan.load(p)
-    assert plan.budget == 0.3 and plan.solver == "ilp" and plan.candidates == ()
+    assert plan.budget == 0.3 and plan.solver == "ilp" and plan.candidates == () and plan.regional == ()
 
 
 @pytest.mark.parametrize(

@@ -154,3 +154,28 @@ def test_a_remat_plan_of_a_real_model_is_forecast_as_measured(name: str) -> None
     fc.step()
     measured = measure_peak(fc.step)
     assert abs(fc.peak_bytes - measured) <= 0.01 * measured, (fc.peak_bytes, measured)
+
+
+@pytest.mark.parametrize(("name", "way", "shared"), [("bert_mlm", "logits", True), ("llama_gqa", "loss", False)])
+def test_a_regional_plan_of_a_real_model_compiles_each_layer_on_its_own_and_is_forecast_within_3_percent(
+        tmp_path: Path, name: str, way: str, shared: bool) -> None:
+    """``regional=True``: the layers are compiled each on its own and forecast as measured. BERT's
+    layers share one graph (the search partitions it once, whatever the depth); Llama's read their
+    ``layer_idx`` (the KV cache's index), so each compiles a graph of its own."""
+    torch.manual_seed(0)
+    module = ZooModule(name, way)
+    cb = MemPlanCallback(backend="aot_eager", regional=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer = _fit(tmp_path, module, [cb])
+    said = [str(w.message) for w in seen if "MemPlan" in str(w.message)]
+    assert cb.plan is not None and cb.fallback_reason is None, said
+    layers = len(cb.plan.regional)
+    assert layers >= 2, cb.plan
+    fc = cb._fit.plans.forecast if cb._fit.plans is not None else None
+    assert fc is not None and fc.status == "ok", said
+    calls = [r.calls for r in fc.regions]
+    # shared: one region called once per layer; else a region per layer, around the stem's and head's
+    assert (max(calls) == layers) if shared else (len(calls) >= layers + 2 and max(calls) == 1), calls
+    errors = _errors(trainer)
+    assert len(errors) == 2 and all(abs(e) <= 0.03 for e in errors), (errors, said)

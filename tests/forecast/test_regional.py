@@ -1,0 +1,111 @@
+"""Regional compilation in the forecast (``regional=``): each block compiled on its own, blocks alike
+sharing one graph whose partitions do not grow with depth; forecasts equal the measured step."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from lightning_memplan import forecast, measure_peak
+from lightning_memplan.forecasting.grid import forecast_grid, forecast_sweep
+from lightning_memplan.planner.checkpointing import checkpointed
+
+from .test_remat_graph import Block, _Widen
+
+
+class Stack(nn.Module):
+    """A token embedding, blocks called in a loop of a module of their own (``nn.Sequential``), a
+    head. (A loop over the blocks in the compiled frame itself makes dynamo run that frame eagerly
+    once a block's call breaks the graph: its stem and head are then neither planned nor forecast.)"""
+
+    def __init__(self, blocks: list[nn.Module], dim: int = 32) -> None:
+        super().__init__()
+        self.stem, self.blocks, self.head = nn.Embedding(128, dim), nn.Sequential(*blocks), nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def _model(layers: int, dim: int = 32) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Stack([Block(dim) for _ in range(layers)], dim), torch.randint(0, 128, (8, 64))
+
+
+def _names(layers: int) -> tuple[str, ...]:
+    return tuple(f"blocks.{i}" for i in range(layers))
+
+
+def _graph_sizes(fc) -> list[int]:  # noqa: ANN001
+    return sorted(len(gm.graph.nodes) for r in fc._backend.regions for gm in (r.fw_graph, r.bw_graph)
+                  if gm is not None)
+
+
+@pytest.mark.parametrize(("budget", "solver"), [(1.0, "dp"), (0.3, "dp"), (0.4, "remat")])
+def test_blocks_alike_run_one_graph_forecast_as_measured(budget: float, solver: str) -> None:
+    model, x = _model(3)
+    fc = forecast(model, (x,), budget=budget, solver=solver, backend="aot_eager", regional=_names(3))
+    assert fc.status == "ok", fc.problems
+    assert sorted(r.calls for r in fc.regions)[-1] == 3, [(r.index, r.calls) for r in fc.regions]
+    fc.step()
+    assert measure_peak(fc.step) == pytest.approx(fc.peak_bytes, rel=0.01)
+
+
+def test_the_partitioned_graphs_do_not_grow_with_depth() -> None:
+    sizes = {}
+    for layers in (2, 5):
+        model, x = _model(layers)
+        sweep = forecast_sweep(model, (x,), budgets=(1.0, 0.3), regional=_names(layers))
+        sizes[layers] = {b: _graph_sizes(fc) for b, fc in sweep.items()}
+    assert sizes[2] == sizes[5]
+    whole = forecast(*_model(5), backend="aot_eager")  # the peer: one graph grows with the blocks
+    assert max(_graph_sizes(whole)) > max(sizes[5][1.0])
+
+
+def test_checkpointed_regional_blocks_compile_checkpointed() -> None:
+    model, x = _model(4)
+    every_other = ("blocks.1", "blocks.3")
+    with checkpointed(model, every_other):
+        fc = forecast(model, (x,), budget=1.0, backend="aot_eager", regional=_names(4))
+        fc.step()
+        measured = measure_peak(fc.step)
+    plain = forecast(*_model(4), budget=1.0, backend="aot_eager", regional=_names(4))
+    assert sorted(r.calls for r in fc.regions)[-2:] == [2, 2]  # the checkpointed and the plain blocks' graphs
+    assert fc.peak_bytes < plain.peak_bytes
+    assert measured == pytest.approx(fc.peak_bytes, rel=0.01)
+
+
+def test_blocks_of_another_width_compile_graphs_of_their_own() -> None:
+    torch.manual_seed(0)
+    model = Stack([Block(32), nn.Sequential(_Widen(32, 64), Block(64), _Widen(64, 32)), Block(32)])
+    x = torch.randint(0, 128, (8, 64))
+    fc = forecast(model, (x,), budget=0.3, backend="aot_eager", regional=("blocks.0", "blocks.1.1", "blocks.2"))
+    assert fc.status == "ok", fc.problems
+    # the two Block(32) share a graph, Block(64) has its own
+    assert sorted(r.calls for r in fc.regions)[-2:] == [1, 2], [(r.index, r.calls) for r in fc.regions]
+    fc.step()
+    assert measure_peak(fc.step) == pytest.approx(fc.peak_bytes, rel=0.01)
+
+
+def test_bad_regional_names_are_named() -> None:
+    model, x = _model(2)
+    with pytest.raises(ValueError, match=r"forecast\(regional='0'\)` must be a sequence of submodule names"):
+        forecast(model, (x,), regional="0")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"\['blocks.9'\] are not submodules"):
+        forecast(model, (x,), regional=("blocks.9",))
+    with pytest.raises(ValueError, match=r"holds blocks compiled on their own"):
+        forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), ("blocks.1",)], regional=_names(2))
+
+
+def test_regional_without_repeated_blocks_is_said_and_compiles_whole() -> None:
+    from lightning_memplan.planner.decision import decide_plan
+    from lightning_memplan.planner.messages import MemPlanWarning
+    from lightning_memplan.planner.settings import PlanSettings
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+    settings = PlanSettings.from_args("MemPlanCallback", budget=0.5, regional=True)
+    with pytest.warns(MemPlanWarning, match=r"regional=True, but Sequential has no repeated blocks"):
+        plan = decide_plan(settings, model, model.forward, (torch.randn(2, 4),), {}, None, call="MemPlanCallback")
+    assert plan.regional == ()
+    stack, _ = _model(3)
+    plan = decide_plan(settings, stack, stack.forward, (), {}, None, call="MemPlanCallback")
+    assert plan.regional == _names(3)
