@@ -85,9 +85,9 @@ class MemPlan:
     notes: tuple[str, ...] = ()
     """What the partitioner did per region (solver called or which early exit), warnings."""
     regional: tuple[str, ...] = ()
-    """Qualified names of the submodules compiled on their own (regional compilation: the graph
-    breaks around each, and blocks alike share one compiled graph, the budget applied to it); ``()``:
-    the module is compiled whole."""
+    """Qualified names of the submodules compiled on their own (regional compilation: the repeated
+    blocks, whose alike share one compiled graph with the budget applied to it, and the modules the
+    frame looping over them calls besides); ``()``: the module is compiled whole."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, (int, float)) or isinstance(self.budget, bool) or not (

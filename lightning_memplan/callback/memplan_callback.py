@@ -85,8 +85,9 @@ class MemPlanCallback(Callback):
             compile and the plan search cost about the same at any depth (layers that read a
             constant of their own, such as a KV cache's layer index, compile a graph each), and
             each budget is applied to that one layer's graph (and to the stem's and head's graphs).
-            ``False`` (default): one compile of the whole module. The plan records the blocks
-            (``plan.regional``).
+            The modules the frame looping over the blocks calls besides them (embeddings, a final
+            norm) are compiled on their own too: dynamo runs that frame eagerly. ``False``
+            (default): one compile of the whole module. The plan records them (``plan.regional``).
         remat_budgets: budgets of the whole-graph rematerialization plans (solver ``"remat"``) the
             search tries besides; ``()`` for none.
         search_backend: backend the candidates are forecast with (``"aot_eager"``: no code

@@ -50,6 +50,12 @@ def epoch_metrics(plan: MemPlan | None, predicted: int | None, complete: bool,
     return metrics
 
 
+def _shortened(names: tuple[str, ...], shown: int = 4) -> str:
+    """``names`` joined, at most ``shown`` of them and how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def plan_table(plan: MemPlan, timings: dict[str, float], planned: str | None = None) -> str:
     """The plan in force as a two-column text table (``timings``: seconds, keys
     ``decide_seconds`` and ``install_seconds``; ``planned``: which module is planned and why)."""
@@ -57,6 +63,7 @@ def plan_table(plan: MemPlan, timings: dict[str, float], planned: str | None = N
     rows += [
         ["budget", f"{plan.budget:g}"], ["solver", plan.solver], ["backend", plan.backend],
         ["checkpointed blocks", ", ".join(plan.checkpoint) or "none"],
+        ["compiled on their own (regional)", _shortened(plan.regional) if plan.regional else "none: one compile"],
         ["forecast peak (above baseline)", format_bytes(plan.predicted_peak_bytes)],
         ["baseline (params, optimizer, batch)", format_bytes(plan.baseline_bytes)],
         ["chosen by", plan.reason],

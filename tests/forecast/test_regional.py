@@ -108,4 +108,40 @@ def test_regional_without_repeated_blocks_is_said_and_compiles_whole() -> None:
     assert plan.regional == ()
     stack, _ = _model(3)
     plan = decide_plan(settings, stack, stack.forward, (), {}, None, call="MemPlanCallback")
-    assert plan.regional == _names(3)
+    assert plan.regional == _names(3)  # its loop is nn.Sequential's: nothing else runs in that frame
+
+
+class LoopHere(nn.Module):
+    """nanoGPT's layout: the loop over the blocks in the compiled module's own forward, beside the
+    embeddings (added in that frame), a final norm and the head."""
+
+    def __init__(self, layers: int = 3, dim: int = 32) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(128, dim), nn.Embedding(64, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, 128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln(h))
+
+
+def test_a_loop_in_the_compiled_frame_leaves_only_its_glue_eager() -> None:
+    """The block calls break the graph inside the loop, so dynamo runs that frame eagerly; the
+    modules beside the blocks compile on their own, and the forecast misses only the frame's own
+    add of the two embeddings."""
+    from lightning_memplan.planner.regional import regional_blocks
+
+    torch.manual_seed(0)
+    model, x = LoopHere(), torch.randint(0, 128, (8, 64))
+    names = regional_blocks(model, True)
+    assert names == ("blocks.0", "blocks.1", "blocks.2", "tok", "pos", "ln", "head")
+    fc = forecast(model, (x,), budget=0.3, backend="aot_eager", regional=names)
+    assert fc.status == "ok", fc.problems
+    fc.step()
+    assert measure_peak(fc.step) == pytest.approx(fc.peak_bytes, rel=0.01)
+    alone = forecast(model, (x,), budget=0.3, backend="aot_eager", regional=names[:3])  # the blocks only
+    alone.step()
+    assert measure_peak(alone.step) > alone.peak_bytes * 1.01  # the embeddings ran eagerly, unseen
