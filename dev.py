@@ -2,7 +2,8 @@
 """The project's two commands, on a fresh machine with nothing but Python installed.
 
     python3 dev.py demo     # set up .venv if needed, then run the main job
-    python3 dev.py test     # set up .venv if needed, then run the test suite (lane by lane: tests/conftest.py)
+    python3 dev.py test     # set up .venv if needed, then run the test suite (lane by lane: tests/conftest.py;
+                            # the slow lane in a second process beside the others)
     python3 dev.py test -m unit   # the fast lane alone (any arguments go to pytest as they are)
     python3 dev.py bench    # the solver benchmark (see benchmarks/)
 
@@ -18,6 +19,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -67,6 +69,29 @@ def ensure_env() -> None:
     STAMP.write_text(digest)
 
 
+def _test(rest: list[str], env: dict[str, str]) -> int:
+    """The suite. With pytest arguments, one pytest run with them. Without: the ``slow`` lane (several
+    processes, third-party models: about half the suite's time) in a second pytest process beside
+    the other lanes, on this machine's two cores; its output follows theirs. Exit status: the
+    first failing run's, else 0."""
+    pytest = [str(PY), "-m", "pytest", "-q"]
+    if rest:
+        return _run([*pytest, *rest], cwd=ROOT, env=env)
+    with tempfile.TemporaryFile(mode="w+") as out:
+        print("+", " ".join([*pytest, "-m", "slow"]), "(beside the other lanes; its output follows theirs)",
+              flush=True)
+        slow = subprocess.Popen([*pytest, "-m", "slow"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            rest_code = _run([*pytest, "-m", "not slow"], cwd=ROOT, env=env)
+            slow_code = slow.wait()
+        finally:
+            if slow.poll() is None:
+                slow.kill()
+        out.seek(0)
+        print(out.read(), end="", flush=True)
+    return rest_code or slow_code
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"demo", "test", "bench"}:
         print(__doc__)
@@ -75,7 +100,7 @@ def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cmd == "test":
-        return _run([str(PY), "-m", "pytest", "-q", *rest], cwd=ROOT, env=env)
+        return _test(rest, env)
     return _run([str(PY), "-m", "lightning_memplan.cli", cmd, *rest], cwd=ROOT, env=env)
 
 

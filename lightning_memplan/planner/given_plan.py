@@ -45,21 +45,26 @@ def check_plan_solver(plan: MemPlan, solver: str | Callable[..., Any], source: s
 
 
 def check_plan_blocks(plan: MemPlan, module: nn.Module, source: str, *, planned: nn.Module | None = None) -> None:
-    """Raise ``ValueError`` (naming ``source``) unless the blocks ``plan`` checkpoints are submodules
-    of the planned module: ``planned`` when it is known (``submodule=``), else of some module of
-    ``module`` (the LightningModule: the module ``training_step`` calls is found on the first batch)."""
-    if not plan.checkpoint:
+    """Raise ``ValueError`` (naming ``source``) unless the blocks ``plan`` checkpoints and the modules
+    it compiles on their own (``regional``) are submodules of the planned module: ``planned`` when
+    it is known (``submodule=``), else of some module of ``module`` (the LightningModule: the module
+    ``training_step`` calls is found on the first batch)."""
+    names = (*plan.checkpoint, *plan.regional)
+    if not names:
         return
     roots = [planned] if planned is not None else [m for _, m in module.named_modules()]
     for root in roots:
-        if all(has_submodule(root, name) for name in plan.checkpoint):
+        if all(has_submodule(root, name) for name in names):
             return
     root = planned if planned is not None else module
-    missing = [name for name in plan.checkpoint if not has_submodule(root, name)]
     where = type(root).__name__ if planned is not None else f"{type(module).__name__} or any of its submodules"
-    raise ValueError(f"{source}: the plan checkpoints {missing!r}, which {where} does not have (its children: "
+    for field, what in (("checkpoint", "checkpoints"), ("regional", "compiles on their own")):
+        missing = [name for name in getattr(plan, field) if not has_submodule(root, name)]
+        if missing:
+            break
+    raise ValueError(f"{source}: the plan {what} {missing!r}, which {where} does not have (its children: "
                      f"{[n for n, _ in root.named_children()]}). Make the plan for this model, or drop them from its "
-                     "`checkpoint` list.")
+                     f"`{field}` list.")
 
 
 def ignored_beside_plan(call: str, given: Mapping[str, tuple[Any, Any]]) -> str | None:

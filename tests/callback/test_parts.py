@@ -1,6 +1,7 @@
 """The callback's per-fit parts, each without a Trainer (the Trainer tests are in test_callback.py)."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -258,6 +259,9 @@ def test_a_plan_checkpointing_blocks_the_model_lacks_is_refused() -> None:
         check_plan_blocks(_plan(checkpoint=("blocks.0",)), lit, "src")
     with pytest.raises(ValueError, match=r"checkpoints \['model\.1'\], which Sequential does not have"):
         check_plan_blocks(_plan(checkpoint=("model.1",)), lit, "src", planned=lit.model)
+    check_plan_blocks(dataclasses.replace(_plan(checkpoint=()), regional=("1",)), lit, "src")
+    with pytest.raises(ValueError, match=r"src: the plan compiles on their own \['layers.3'\], which"):
+        check_plan_blocks(dataclasses.replace(_plan(checkpoint=()), regional=("layers.3",)), lit, "src")
 
 
 def test_resume_conflicts_say_which_wins() -> None:

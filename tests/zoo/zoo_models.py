@@ -21,10 +21,10 @@ VOCAB, SEQ, BATCH, IMAGE, CLASSES = 512, 32, 4, 32, 10
 WAYS = ("loss", "logits", "self")
 
 
-def _llama(gqa: bool) -> nn.Module:
+def _llama(gqa: bool, layers: int = 2) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    return LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                                         num_attention_heads=4, num_key_value_heads=2 if gqa else 4,
                                         vocab_size=VOCAB, max_position_embeddings=128))
 
@@ -37,16 +37,16 @@ def _qwen2() -> nn.Module:
                                         max_position_embeddings=128))
 
 
-def _gpt2() -> nn.Module:
+def _gpt2(layers: int = 2) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=128))
+    return GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=VOCAB, n_positions=128))
 
 
-def _bert_mlm() -> nn.Module:
+def _bert_mlm(layers: int = 2) -> nn.Module:
     from transformers import BertConfig, BertForMaskedLM
 
-    return BertForMaskedLM(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    return BertForMaskedLM(BertConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
                                       intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=128))
 
 
@@ -87,9 +87,9 @@ def _demo_transformer() -> nn.Module:
 
 #: name -> (builder, task): "causal" (tokens, labels = tokens), "masked" (tokens, padding, labels
 #: -100 but at masked places), "classify_text", "classify_image", "demo" (Lightning's Transformer).
-ZOO: dict[str, tuple[Callable[[], nn.Module], str]] = {
+ZOO: dict[str, tuple[Callable[..., nn.Module], str]] = {
     "llama": (lambda: _llama(gqa=False), "causal"),
-    "llama_gqa": (lambda: _llama(gqa=True), "causal"),
+    "llama_gqa": (lambda layers=2: _llama(gqa=True, layers=layers), "causal"),
     "qwen2": (_qwen2, "causal"),
     "gpt2": (_gpt2, "causal"),
     "bert_mlm": (_bert_mlm, "masked"),
@@ -142,9 +142,10 @@ def _cross_entropy(task: str, logits: torch.Tensor, labels: torch.Tensor) -> tor
 
 
 class ZooModule(LightningModule):
-    """``self.model`` is the zoo model ``name``; training_step written the way ``way`` says."""
+    """``self.model`` is the zoo model ``name`` (``layers``: its depth, where the builder takes one);
+    training_step written the way ``way`` says."""
 
-    def __init__(self, name: str, way: str) -> None:
+    def __init__(self, name: str, way: str, layers: int | None = None) -> None:
         super().__init__()
         if way not in WAYS:
             raise ValueError(f"way={way!r}: expected one of {WAYS}")
@@ -152,7 +153,7 @@ class ZooModule(LightningModule):
         if self.task == "demo" and way == "loss":
             raise ValueError("Lightning's demo Transformer computes no loss of its own")
         self.way = way
-        self.model = build()
+        self.model = build() if layers is None else build(layers)
         #: The loss of every training step, in order.
         self.losses: list[float] = []
 
