@@ -23,10 +23,10 @@ from torch import nn
 
 from lightning_memplan.planner.checkpointing import repeated_blocks
 
-__all__ = ["check_regional", "modules_beside", "regional_blocks"]
+__all__ = ["check_regional_flag", "modules_beside", "regional_blocks"]
 
 
-def check_regional(regional: object, call: str) -> bool:
+def check_regional_flag(regional: object, call: str) -> bool:
     """``regional`` if it is ``True`` or ``False``; else a ValueError naming ``call``."""
     if regional is True or regional is False:
         return regional

@@ -19,7 +19,7 @@ from torch import nn
 
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy, _policy_classes
-from lightning_memplan.planner.regional import check_regional
+from lightning_memplan.planner.regional import check_regional_flag
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.units import parse_bytes
 
@@ -92,7 +92,7 @@ class PlanSettings:
             checkpoint=checkpoint, backend=_check_backend(backend, call),
             candidate_budgets=cands,
             search_backend=check_inner(search_backend, call, "search_backend"),
-            remat_budgets=remat, regional=check_regional(regional, call),
+            remat_budgets=remat, regional=check_regional_flag(regional, call),
         )
 
 
