@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from lightning_memplan.text import listed
+
 __all__ = ["CompileRecord", "WatchedBackend", "describe_shapes"]
 
 
@@ -37,8 +39,7 @@ class CompileRecord:
 
 def describe_shapes(shapes: Sequence[tuple[int, ...]], limit: int = 3) -> str:
     """``"[64, 32], [64, 1]"``: the first ``limit`` shapes, then how many more."""
-    text = ", ".join(str(list(s)) for s in shapes[:limit])
-    return text + (f" and {len(shapes) - limit} more" if len(shapes) > limit else "")
+    return listed([str(list(s)) for s in shapes], limit)
 
 
 class WatchedBackend:

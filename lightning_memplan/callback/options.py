@@ -46,7 +46,7 @@ def callback_options(
     checkpoint: CheckpointPolicy, backend: str, candidate_budgets: Sequence[float], search_backend: str,
     remat_budgets: Sequence[float], plan: MemPlan | str | Path | None, replan: bool, measure_batches: int,
     log_plots: bool, compile_kwargs: dict[str, Any] | None, verbose: bool, submodule: str | None,
-    forecast_new_shapes: bool, regional: bool = False,
+    forecast_new_shapes: bool, regional: bool,
 ) -> CallbackOptions:
     """Validate ``MemPlanCallback``'s arguments; raises ``ValueError`` naming the bad one."""
     call = "MemPlanCallback"

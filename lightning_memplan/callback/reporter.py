@@ -18,6 +18,7 @@ from lightning_memplan.forecasting.capture import REASON_WORDS
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.step_model import TrainingLoop, lightning_step_timeline
+from lightning_memplan.text import listed
 from lightning_memplan.units import format_bytes
 
 __all__ = ["emit_figure", "epoch_line", "epoch_metrics", "plan_table", "plot_frontier", "plot_timeline"]
@@ -50,12 +51,6 @@ def epoch_metrics(plan: MemPlan | None, predicted: int | None, complete: bool,
     return metrics
 
 
-def _shortened(names: tuple[str, ...], shown: int = 4) -> str:
-    """``names`` joined, at most ``shown`` of them and how many more."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
-
-
 def plan_table(plan: MemPlan, timings: dict[str, float], planned: str | None = None) -> str:
     """The plan in force as a two-column text table (``timings``: seconds, keys
     ``decide_seconds`` and ``install_seconds``; ``planned``: which module is planned and why)."""
@@ -63,7 +58,7 @@ def plan_table(plan: MemPlan, timings: dict[str, float], planned: str | None = N
     rows += [
         ["budget", f"{plan.budget:g}"], ["solver", plan.solver], ["backend", plan.backend],
         ["checkpointed blocks", ", ".join(plan.checkpoint) or "none"],
-        ["compiled on their own (regional)", _shortened(plan.regional) if plan.regional else "none: one compile"],
+        ["compiled on their own (regional)", listed(plan.regional, 4) if plan.regional else "none: one compile"],
         ["forecast peak (above baseline)", format_bytes(plan.predicted_peak_bytes)],
         ["baseline (params, optimizer, batch)", format_bytes(plan.baseline_bytes)],
         ["chosen by", plan.reason],

@@ -16,6 +16,8 @@ from typing import Any
 
 from torch import nn
 
+from lightning_memplan.text import listed
+
 __all__ = ["CallWatch", "ModuleCall", "also_called", "module_label", "nothing_to_plan", "planned_path",
            "trainable_bytes"]
 
@@ -144,7 +146,7 @@ def nothing_to_plan(submodule: str | None, calls: list[ModuleCall]) -> str:
     if not calls:
         return (f"training_step called neither `self(...)` nor any module of the LightningModule in the first "
                 f"batch,{tail}")
-    called = ", ".join(module_label(c) for c in calls[:4]) + (f" and {len(calls) - 4} more" if len(calls) > 4 else "")
+    called = listed([module_label(c) for c in calls], 4)
     return (f"training_step called neither `self(...)` nor a module with trainable parameters in the first batch "
             f"(it called {called}),{tail} Pass `submodule=` to name the module to plan.")
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from lightning_memplan._torch.dynamo import dynamo_allows_rnn
+from lightning_memplan.text import listed
 
 if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
@@ -66,7 +67,7 @@ def uncompiled_warnings(module: nn.Module, fc: Forecast | None) -> list[str]:
     rnns = [name for name, m in module.named_modules()
             if isinstance(m, nn.RNNBase) and any(p.requires_grad for p in m.parameters())]
     if rnns and not dynamo_allows_rnn():
-        shown = ", ".join(repr(n) for n in rnns[:3]) + (f" and {len(rnns) - 3} more" if len(rnns) > 3 else "")
+        shown = listed([repr(n) for n in rnns], 3)
         out.append(
             f"the recurrent modules {shown} run eagerly: dynamo does not compile nn.LSTM, nn.GRU or nn.RNN "
             "unless `torch._dynamo.config.allow_rnn = True`, so the plan does not reach them and the forecast "
@@ -88,7 +89,7 @@ def eager_forward_warning(module: nn.Module, ids: Collection[int]) -> str | None
             owners[owner] = owners.get(owner, 0) + p.numel() * p.element_size()
     if not owners:
         return None
-    shown = ", ".join(repr(n) for n in list(owners)[:4]) + (f" and {len(owners) - 4} more" if len(owners) > 4 else "")
+    shown = listed([repr(n) for n in owners], 4)
     return (f"the forward ran the layers of {shown} ({sum(owners.values()):,} bytes of trainable parameters) outside "
             "every compiled graph (a function dynamo does not trace, or code in a frame it skipped), so the plan "
             "does not reach them and the forecast misses their activations: the measured peak can be higher than "

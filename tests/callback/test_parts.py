@@ -42,7 +42,7 @@ def _options(**kw: Any) -> Any:
     args: dict[str, Any] = dict(budget=0.5, max_memory=None, solver="dp", checkpoint=None, backend="aot_eager",
                                 candidate_budgets=(1.0, 0.5), search_backend="aot_eager", remat_budgets=(),
                                 plan=None, replan=True, measure_batches=2, log_plots=False, compile_kwargs=None,
-                                verbose=False, submodule=None, forecast_new_shapes=True)
+                                verbose=False, submodule=None, forecast_new_shapes=True, regional=False)
     args.update(kw)
     return callback_options(**args)
 
