@@ -5,7 +5,8 @@ every test in one lane (see README, "Tests"):
   (the fast lane: ``pytest -m unit``);
 - ``compile``: compiles real graphs (forecasts, the backend), no Trainer;
 - ``fit``: runs real Lightning Trainers (callback, tuner, examples, demo);
-- ``slow``: several processes (DDP, FSDP, tensor parallelism over gloo), or minutes each.
+- ``slow``: several processes (DDP, FSDP, tensor parallelism over gloo; the example scripts, run
+  as processes of their own), or minutes each.
 
 A module's lane comes from ``LANES`` below (by its path under ``tests/``) unless it marks itself.
 The suite runs lane by lane in that order (a stable sort: files keep their order within a lane); a
@@ -27,11 +28,12 @@ LANES = {
     "forecast/": "compile", "arena/": "compile", "forecast/test_cuda_allocator.py": "unit",
     "forecast/test_allocations.py": "unit", "forecast/test_torch_surface.py": "unit",
     "callback/": "fit", "examples/": "fit", "callback/test_ddp.py": "slow", "zoo/": "slow",
+    "examples/test_examples.py": "slow", "examples/test_gpu_check.py": "slow",
     "forecast/test_fsdp_memory.py": "compile", "docs/test_docs_code.py": "fit",
 }
 LANE_NAMES = ("unit", "compile", "fit", "slow")
 LANE_WHAT = {"unit": "pure libraries and Trainer-free parts, no compile", "compile": "forecasts on real graphs",
-             "fit": "real Lightning Trainers", "slow": "several gloo processes, third-party models"}
+             "fit": "real Lightning Trainers", "slow": "several processes, third-party models"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -28,6 +28,9 @@ def main(out_dir: str, kind: str = "auto") -> None:
         cb = MemPlanCallback(0.5, backend="aot_eager", measure_batches=3)
         # DistributedSampler (seed 0) deals rank 0 batches of 64 and 96 rows, rank 1 of 128 and 192
         model = VaryingRows(rows=(192, 192, 64, 128, 64, 192, 192, 96, 128, 96, 128, 64, 64, 96, 128, 96))
+    elif kind == "regional":
+        cb = MemPlanCallback("auto", backend="aot_eager", regional=True)
+        model = Wrapper(TinyNet(depth=4, batches=6))
     else:
         cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
                              remat_budgets=(0.4,))
@@ -43,6 +46,7 @@ def main(out_dir: str, kind: str = "auto") -> None:
         "rank": rank, "budget": cb.plan.budget if cb.plan else None,
         "candidates": len(cb.plan.candidates) if cb.plan else 0,
         "fallback": cb.fallback_reason, "measured": cb.measured, "module": cb._fit.planned,
+        "regional": list(cb.plan.regional) if cb.plan else [],
         "log_dir": trainer.logger.log_dir if rank == 0 else None,
         "planned": cb.plan.predicted_peak_bytes if cb.plan else None,
         "rows": [[sig[0][0][0] if sig else None for sig in epoch] for epoch in cb.measured_shapes],

@@ -60,6 +60,19 @@ def test_ddp_ranks_that_run_other_input_shapes_log_the_largest_forecast(tmp_path
     assert abs(float(row["memplan/prediction_error"])) < 0.01, row
 
 
+def test_ddp_ranks_compile_the_blocks_each_on_its_own_with_one_regional_plan(tmp_path: Path) -> None:
+    """``regional=True`` and the default search under DDP: rank 0 searches the regional candidates,
+    both ranks install the same plan (the blocks of the module training_step calls, and the head
+    beside them, compiled each on its own), and each rank's measured peak is its forecast."""
+    ranks = _two_ranks("ddp_script.py", tmp_path, 600, "regional")
+    names = [f"blocks.{i}" for i in range(4)]
+    assert ranks[0]["regional"] == ranks[1]["regional"] and set(names) <= set(ranks[0]["regional"]), ranks
+    assert ranks[0]["candidates"] == ranks[1]["candidates"] > 2
+    for r in ranks:
+        assert r["measured"] and r["measured"][0], r
+        assert all(abs(m - r["planned"]) / m < 0.01 for m in r["measured"][0]), (r["measured"], r["planned"])
+
+
 def test_fsdp2_two_processes_decide_in_lockstep_and_count_local_shards(tmp_path: Path) -> None:
     """FSDP2 (``fully_shard`` under Lightning's ModelParallelStrategy): the forward all-gathers, so the
     candidates' forecasts must run on every rank (rank 0 alone hung in its first all-gather). FSDP's
