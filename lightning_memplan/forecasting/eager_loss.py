@@ -119,6 +119,18 @@ class EagerLoss:
         """Bytes of :attr:`early_outputs`."""
         return sum(b for _, b in self.early_outputs)
 
+    def with_outputs_held_by(self, place: int) -> EagerLoss:
+        """This measurement for a forecast whose call ends in one compiled region more than the
+        measured call ran: the stand-in loss, compiled on its own after a graph break (the model's
+        last module compiled on its own, as regional compilation does). The call's outputs are then
+        region ``place``'s outputs in the forecast, held there: those the loss did not keep die in
+        the eager code (:attr:`early_outputs`), the kept ones live on as that region's outputs
+        until its backward; none is counted again as an output of the call."""
+        dropped = self.outputs_bytes - self.outputs_kept_bytes
+        return dataclasses.replace(self, outputs_bytes=0, outputs_kept_bytes=0, saved_outputs=(),
+                                   early_outputs=(*self.early_outputs, *(((place, dropped),) if dropped > 0 else ())),
+                                   regions=self.regions + 1)
+
     def with_early_outputs_counted(self) -> EagerLoss:
         """This measurement with :attr:`early_outputs` counted as outputs freed in the eager code
         (for a forecast that lays the call out in another number of regions)."""

@@ -321,8 +321,11 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
     hold: dict[int, int] = {}
     views: dict[int, list[tuple[int, int]]] = {}
     # outputs an earlier region handed the eager code name that region by its place in the call:
-    # a call laid out in another number of regions counts them as outputs of the call instead
-    losses = [loss if loss.regions == len(run) else loss.with_early_outputs_counted()
+    # a call laid out in another number of regions counts them as outputs of the call instead,
+    # but for one that ends in a stand-in loss of its own (see _stand_in_of_its_own)
+    losses = [loss if loss.regions == len(run) else
+              loss.with_outputs_held_by(len(run) - 2) if _stand_in_of_its_own(loss, run) else
+              loss.with_early_outputs_counted()
               for loss, run in zip(losses, ones)]
     for end, loss in zip(ends, losses):
         for point, evs in eager_loss_events(loss, end).items():
@@ -348,3 +351,11 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
                  for c in range(n) if not held[c] for j, by in (earlies[c] or {}).items()}
     return lay_out(seq, first.optimizer, ends=frozenset(ends), accumulate=acc, inputs=fresh, overlay=events,
                    bw_hold=hold, bw_views=views, early=run_early, eager_freed=freed)
+
+
+def _stand_in_of_its_own(loss: EagerLoss, run: Sequence[RegionPlan]) -> bool:
+    """Whether ``run`` (one call of the forecast) is the measured call's regions and, last, the
+    forecast's stand-in loss compiled on its own (a graph break before it: the model's last module
+    compiled on its own): one region more than ``loss`` saw, which saves nothing and reads no
+    trainable parameter."""
+    return bool(loss.regions) and loss.regions + 1 == len(run) and run[-1].saved == 0 and run[-1].param_gradients == 0

@@ -1,7 +1,8 @@
 """Run by test_ddp.py as a script: 2 CPU processes (gloo) under Lightning's ModelParallelStrategy,
 each block sharded with FSDP2's ``fully_shard`` in ``configure_model``.
 
-Each rank writes what it planned and measured to OUT_DIR/rank{r}.json.
+Each rank writes what it planned and measured to OUT_DIR/rank{r}.json. ``fsdp_script.py OUT_DIR
+child``: the network is ``self.model``; ``regional``: that layout with ``regional=True``.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def _logged(trainer: Trainer, key: str) -> list[str]:
 
 def main(out_dir: str, kind: str = "self") -> None:
     cb = MemPlanCallback("auto", backend="aot_eager", candidate_budgets=(1.0, 0.3), checkpoint=None,
-                         remat_budgets=(0.4,), measure_batches=5)
+                         remat_budgets=(0.4,), measure_batches=5, regional=kind == "regional")
     trainer = Trainer(
         max_epochs=1, accelerator="cpu", devices=2, callbacks=[cb],
         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
@@ -114,6 +115,7 @@ def main(out_dir: str, kind: str = "self") -> None:
         "largest_unit_bytes": max(u.unsharded_bytes for u in fsdp2_units(model).units),
         "local_parameter_bytes": sum(shards.values()), "full_parameter_bytes": full,
         "warnings": [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)],
+        "regional": list(plan.regional) if plan else [],
     }))
 
 

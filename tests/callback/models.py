@@ -351,3 +351,41 @@ class VaryingWide(TinyNet):
 
     def train_dataloader(self) -> DataLoader:
         return varying_rows_loader((256, 1024, 256, 1024, 256, 1024), width=128)
+
+
+class LoopingLM(LightningModule):
+    """nanoGPT's layout as ``self.model``: token and position embeddings, blocks called in a loop of
+    the model's own forward, a final norm and a vocabulary head; training_step's cross-entropy on
+    the logits is eager code after the call. With ``regional=True`` the head is compiled on its
+    own beside the blocks, so the forecast's stand-in loss runs in a region of its own."""
+
+    def __init__(self, layers: int = 2, dim: int = 16, vocab: int = 128, seq: int = 64, batch: int = 8) -> None:
+        super().__init__()
+        self.model = _LoopingNet(layers, dim, vocab, seq)
+        self._vocab, self._seq, self._batch = vocab, seq, batch
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.model(x).view(-1, self._vocab), y.view(-1))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, self._vocab, (4 * self._batch, self._seq), generator=g)
+        return DataLoader(TensorDataset(x, x.roll(-1, 1)), batch_size=self._batch)
+
+
+class _LoopingNet(nn.Module):
+    def __init__(self, layers: int, dim: int, vocab: int, seq: int) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln(h))

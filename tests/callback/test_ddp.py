@@ -127,6 +127,20 @@ def test_fsdp2_plans_the_module_training_step_calls(tmp_path: Path) -> None:
     assert all(predicted - 0.5 * unit <= p <= predicted + 4.2 * unit for p in peaks), (predicted, unit, peaks)
 
 
+def test_fsdp2_with_regional_compiles_the_head_beside_the_units_and_counts_its_logits_once(tmp_path: Path) -> None:
+    """FSDP2 in the common layout with ``regional=True``: the blocks are FSDP2 units (compiled each on
+    its own already) and the head beside them compiles on its own too, so the forecast's stand-in
+    loss is a region of its own after it. The 2 MB of logits are that head's outputs in the forecast,
+    not counted again with the eager cross-entropy (the prediction was 30.9% high)."""
+    ranks = _two_ranks("fsdp_script.py", tmp_path, 300, "regional")
+    assert ranks[0]["regional"] == ranks[1]["regional"] == ["0", "1", "2", "3"], ranks  # 3 units, the head
+    assert not ranks[0]["warnings"], ranks[0]["warnings"]
+    predicted, unit = ranks[0]["predicted"], ranks[0]["largest_unit_bytes"]
+    peaks = [p for r in ranks for p in r["measured"][0]]
+    assert any(abs(p - predicted) <= 0.03 * p for p in peaks), (predicted, peaks)
+    assert all(predicted - 0.5 * unit <= p <= predicted + 4.2 * unit for p in peaks), (predicted, unit, peaks)
+
+
 def test_tensor_parallel_two_processes_compile_plan_and_measure_the_loss(tmp_path: Path) -> None:
     """Tensor parallelism alone (``parallelize_module``, 2 gloo ranks): the compiled graphs carry
     the process group as a script object, which torch's partitioner refused to size under a budget
