@@ -6,7 +6,7 @@ every test in one lane (see README, "Tests"):
 - ``compile``: compiles real graphs (forecasts, the backend), no Trainer;
 - ``fit``: runs real Lightning Trainers (callback, tuner, examples, demo);
 - ``slow``: several processes (DDP, FSDP, tensor parallelism over gloo; the example scripts, run
-  as processes of their own), or minutes each.
+  as processes of their own, several at once), or minutes each.
 
 A module's lane comes from ``LANES`` below (by its path under ``tests/``) unless it marks itself.
 The suite runs lane by lane in that order (a stable sort: files keep their order within a lane); a
@@ -28,7 +28,7 @@ LANES = {
     "forecast/": "compile", "arena/": "compile", "forecast/test_cuda_allocator.py": "unit",
     "forecast/test_allocations.py": "unit", "forecast/test_torch_surface.py": "unit",
     "callback/": "fit", "examples/": "fit", "callback/test_ddp.py": "slow", "zoo/": "slow",
-    "examples/test_examples.py": "slow", "examples/test_gpu_check.py": "slow",
+    "examples/test_examples.py": "slow",
     "forecast/test_fsdp_memory.py": "compile", "docs/test_docs_code.py": "fit",
 }
 LANE_NAMES = ("unit", "compile", "fit", "slow")

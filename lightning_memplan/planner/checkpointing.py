@@ -9,7 +9,7 @@ changed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -19,7 +19,8 @@ from torch.utils.checkpoint import checkpoint
 from lightning_memplan.core.instance_patch import instance_attributes
 from lightning_memplan.planner.rng import rng_kept
 
-__all__ = ["CheckpointPolicy", "checkpoint_candidates", "checkpointed", "recompute_trial", "resolve_blocks"]
+__all__ = ["CheckpointPolicy", "checkpoint_candidates", "checkpointed", "recompute_trial", "resolve_blocks",
+           "uncompiled_blocks"]
 
 CheckpointPolicy = Literal["auto"] | Iterable[type[nn.Module]] | None
 """``None`` (never checkpoint), ``"auto"`` (the model's repeated blocks) or a set of module classes
@@ -123,6 +124,22 @@ def checkpointed(model: nn.Module, names: Iterable[str]) -> Iterator[None]:
             raise ValueError(f"checkpoint block {name!r} is not a submodule of the model.") from None
     with instance_attributes([(sub, "forward", _checkpointed_forward(sub.forward)) for sub in subs]):
         yield
+
+
+def uncompiled_blocks(model: nn.Module, names: Iterable[str], compiled: Collection[int] | None) -> list[str]:
+    """Of the checkpointed blocks ``names`` of ``model``, those none of whose trainable parameters a
+    compiled graph reads (``compiled``: ids of the parameters the graphs of a forecast with the blocks
+    really wrapped read; ``None`` or empty: unknown, nothing is named). dynamo ran them eagerly:
+    ``torch.utils.checkpoint`` breaks the graph around a block with side effects (a KV cache it
+    appends to), so no plan reaches them and a forecast misses their activations."""
+    if not compiled:
+        return []
+    eager = []
+    for name in names:
+        params = [id(p) for p in model.get_submodule(name).parameters() if p.requires_grad]
+        if params and not any(i in compiled for i in params):
+            eager.append(name)
+    return eager
 
 
 def recompute_trial(module: nn.Module, forward: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any],

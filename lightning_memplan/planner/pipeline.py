@@ -24,7 +24,7 @@ from lightning_memplan._torch.fsdp import fsdp_kinds
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory, optimizer_memory
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.checkpointing import checkpointed, recompute_trial
+from lightning_memplan.planner.checkpointing import checkpointed, recompute_trial, uncompiled_blocks
 from lightning_memplan.planner.decision import decide_plan, rejudge_plan
 from lightning_memplan.planner.messages import (
     MemPlanWarning,
@@ -160,20 +160,6 @@ def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], why: 
                                  reason=f"{chosen.reason}, among the plans without checkpointing")
     forecasts = tuple(None if c.checkpoint else f for c, f in zip(plan.candidates, kept)) if kept else ()
     return chosen, forecasts
-
-
-def _eager_blocks(module: nn.Module, plan: MemPlan, fc: Forecast | None) -> list[str]:
-    """The checkpointed blocks of ``plan`` none of whose trainable parameters any compiled graph of
-    ``fc`` (its forecast, the blocks really wrapped) reads: dynamo ran them eagerly."""
-    compiled = fc.compiled_parameter_ids if fc is not None else None
-    if not plan.checkpoint or compiled is None or not compiled:
-        return []
-    eager = []
-    for name in plan.checkpoint:
-        params = [id(p) for p in module.get_submodule(name).parameters() if p.requires_grad]
-        if params and not any(i in compiled for i in params):
-            eager.append(name)
-    return eager
 
 
 def gradless_optimizer_memory(module: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -367,7 +353,7 @@ def plan_step(
     if not forecast_done:
         plan, fc = forecast_chosen(plan)
         # 4b. checkpointed blocks dynamo does not compile run eagerly, unplanned and unforecast
-        eager = _eager_blocks(module, plan, fc)
+        eager = uncompiled_blocks(module, plan.checkpoint, fc.compiled_parameter_ids if fc is not None else None)
         if eager and _has_plan_without_checkpointing(plan):
             plan, kept = _without_checkpointing(plan, kept, f"dynamo runs {', '.join(eager)} eagerly under "
                                                 "checkpointing", settings, call)

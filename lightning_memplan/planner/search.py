@@ -32,7 +32,7 @@ from torch import nn
 
 from lightning_memplan.core.front import PlanPoint, knee, pareto_indices
 from lightning_memplan.plan import Candidate, MemPlan
-from lightning_memplan.planner.checkpointing import checkpointed
+from lightning_memplan.planner.checkpointing import checkpointed, uncompiled_blocks
 from lightning_memplan.units import format_bytes
 
 if TYPE_CHECKING:
@@ -199,6 +199,10 @@ def search(
                                            loss_fn=loss_fn, optimizer=optimizer, regional=regional)
                 except Exception:  # noqa: BLE001 - fall back to one forecast per budget
                     swept = {}
+            # the blocks dynamo ran eagerly under the real wrappers: of the trace, whatever the budget
+            # (a plan partitioned beside the one run knows no compiled parameters of its own)
+            known = [f.compiled_parameter_ids for f in swept.values() if f.compiled_parameter_ids]
+            eager = uncompiled_blocks(model, ck, known[0]) if ck and known else []
             for b in budgets:
                 fc = None
                 try:
@@ -207,9 +211,14 @@ def search(
                         fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
                                       backend=backend, loss_fn=loss_fn, optimizer=optimizer, regional=regional)
                     base, peak = judge(fc)
-                    cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=peak,
-                                     cost=forecast_flops(fc), note=_note(fc))
                     baseline = base if baseline is None else baseline
+                    eager = eager or uncompiled_blocks(model, ck, fc.compiled_parameter_ids)
+                    if eager:  # traced really wrapped: those blocks ran eagerly, so the peak misses them
+                        cand, fc = Candidate(budget=b, checkpoint=tuple(ck), note=(
+                            f"not a plan: dynamo runs {', '.join(eager)} eagerly under checkpointing")), None
+                    else:
+                        cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=peak,
+                                         cost=forecast_flops(fc), note=_note(fc))
                 except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
                     cand, fc = Candidate(budget=b, checkpoint=tuple(ck), note=f"forecast failed: {exc!r}"), None
                 candidates.append(cand)

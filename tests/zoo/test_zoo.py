@@ -161,14 +161,16 @@ def test_a_remat_plan_of_a_real_model_is_forecast_as_measured(name: str) -> None
 
 
 @pytest.mark.parametrize(("name", "way", "shared", "budget"),
-                         [("bert_mlm", "logits", True, "auto"), ("llama_gqa", "loss", False, 0.5)])
+                         [("bert_mlm", "logits", True, "auto"), ("llama_gqa", "loss", False, "auto")])
 def test_a_regional_plan_of_a_real_model_compiles_each_layer_on_its_own_and_is_forecast_within_3_percent(
         tmp_path: Path, name: str, way: str, shared: bool, budget: float | str) -> None:
     """``regional=True``: the layers are compiled each on its own and forecast as measured. BERT's
     layers share one graph (the search partitions it once, whatever the depth); Llama's read their
     ``layer_idx`` (the KV cache's index), so each compiles a graph of its own, and its embedding and
     rotary table, called beside them in the frame that loops (which dynamo runs eagerly), compile on
-    their own (without: 2.6% low)."""
+    their own (without: 2.6% low). The search traces Llama's checkpoint sets with the layers really
+    wrapped, and dynamo runs a layer that appends to the KV cache eagerly under checkpointing: those
+    candidates are no plans (the search chose one, then dropped it with a warning)."""
     torch.manual_seed(0)
     module = ZooModule(name, way)
     cb = MemPlanCallback(budget, backend="aot_eager", regional=True)
@@ -185,5 +187,6 @@ def test_a_regional_plan_of_a_real_model_compiles_each_layer_on_its_own_and_is_f
     # shared: one region called once per layer; else a region per layer, besides the stem's and head's
     assert (max(calls) == layers) if shared else (len(calls) >= layers + 2 and max(calls) == 1), calls
     assert not [w for w in seen if "outside every compiled graph" in str(w.message)], said
+    assert not [w for w in seen if "under activation checkpointing" in str(w.message)], said
     errors = _errors(trainer)
     assert len(errors) == 2 and all(abs(e) <= 0.03 for e in errors), (errors, said)
