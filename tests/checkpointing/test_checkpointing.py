@@ -10,6 +10,7 @@ from lightning_memplan.planner.checkpointing import (
     checkpointed,
     repeated_blocks,
     resolve_blocks,
+    uncompiled_blocks,
 )
 
 
@@ -64,3 +65,14 @@ def test_checkpointed_is_scoped_and_numerically_equal() -> None:
     with pytest.raises(ValueError, match=r"checkpoint block 'nope' is not a submodule"):
         with checkpointed(m, ["nope"]):
             pass
+
+
+def test_uncompiled_blocks_are_those_no_compiled_graph_reads_a_parameter_of() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+    frozen = model[3]
+    frozen.requires_grad_(False)
+    compiled = {id(p) for p in model[0].parameters()}
+    # block 1 ran eagerly; the ReLU and the frozen block have no trainable parameter to tell by
+    assert uncompiled_blocks(model, ["0", "1", "2", "3"], compiled) == ["1"]
+    assert uncompiled_blocks(model, ["1"], None) == [] and uncompiled_blocks(model, ["1"], set()) == []
+

@@ -154,3 +154,26 @@ def test_a_call_laid_out_in_another_number_of_regions_counts_the_dropped_outputs
     assert [(t.node, t.bytes) for t in timeline[2:5]] == [
         ("f1", 90), ("eager_loss_forward", 115), ("eager_forward_freed", 90)]
     assert other.with_early_outputs_counted() == dataclasses.replace(other, outputs_bytes=25, early_outputs=())
+
+
+def test_a_stand_in_loss_compiled_on_its_own_leaves_the_outputs_counted_once() -> None:
+    # the head (its 80 B of logits returned) and, after a graph break, the forecast's stand-in loss
+    # as a region of its own: one more than the measured call ran (regions=1). The logits are the
+    # head's outputs; the eager loss keeps 5 B and drops them, so they are not counted again
+    head = _plan(0, fw=(100,), retained=100, saved=20, bw=(20, 30), bw_end=10, gradients=10)
+    stand_in = dataclasses.replace(_plan(1, fw=(4,), retained=4, saved=0, bw=(0,), bw_end=0, gradients=0),
+                                   param_gradients=0)
+    loss = EagerLoss(outputs_bytes=80, outputs_kept_bytes=0, kept_bytes=5, backward_peak_bytes=85,
+                     output_grad_bytes=80, regions=1)
+    parts = StepParts(plans=(head, stand_in), executions=(0, 1))
+    timeline, _, _ = lay_out_calls([parts], losses=[loss])
+    assert [(t.node, t.bytes) for t in timeline if t.phase == "forward"] == [
+        ("f0", 100), ("f0", 104), ("eager_loss_forward", 104 + 5), ("eager_outputs_freed", 104 + 5 - 80)]
+    # a call laid out in some other number of regions still counts the outputs as the call's
+    timeline, _, _ = lay_out_calls([parts], losses=[dataclasses.replace(loss, regions=3)])
+    assert ("eager_loss_forward", 104 + 80 + 5) in [(t.node, t.bytes) for t in timeline]
+    # so does a last region that saves something: no stand-in
+    saves = dataclasses.replace(stand_in, saved=4)
+    timeline, _, _ = lay_out_calls([StepParts(plans=(head, saves), executions=(0, 1))], losses=[loss])
+    assert ("eager_loss_forward", 104 + 80 + 5) in [(t.node, t.bytes) for t in timeline]
+
