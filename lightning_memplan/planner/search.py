@@ -201,18 +201,18 @@ def search(
                     swept = {}
             # the blocks dynamo ran eagerly under the real wrappers: of the trace, whatever the budget
             # (a plan partitioned beside the one run knows no compiled parameters of its own)
-            known = [f.compiled_parameter_ids for f in swept.values() if f.compiled_parameter_ids]
-            eager = uncompiled_blocks(model, ck, known[0]) if ck and known else []
+            known = next((f.compiled_parameter_ids for f in swept.values() if f.compiled_parameter_ids), None)
+            eager = uncompiled_blocks(model, ck, known)
             for b in budgets:
                 fc = None
                 try:
                     fc = swept.get(float(b)) if swept else None
-                    if fc is None:
+                    if fc is None:  # a forecast of its own: it knows its compiled parameters
                         fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
                                       backend=backend, loss_fn=loss_fn, optimizer=optimizer, regional=regional)
+                        eager = eager or uncompiled_blocks(model, ck, fc.compiled_parameter_ids)
                     base, peak = judge(fc)
                     baseline = base if baseline is None else baseline
-                    eager = eager or uncompiled_blocks(model, ck, fc.compiled_parameter_ids)
                     if eager:  # traced really wrapped: those blocks ran eagerly, so the peak misses them
                         cand, fc = Candidate(budget=b, checkpoint=tuple(ck), note=(
                             f"not a plan: dynamo runs {', '.join(eager)} eagerly under checkpointing")), None
