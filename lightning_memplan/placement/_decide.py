@@ -17,8 +17,10 @@ the placed buffers it overlaps), and offsets never decrease along a branch. Prun
 - decomposition: once no unplaced buffer spans the boundary between two sections, the two sides are
   independent and solved one after the other, each from offset 0 with its own static order (a
   failure of one side fails the branch at once);
-- several static orders (by lifetime width, area, section total, descending) are tried round robin
-  under a doubling node limit, so that one unlucky order does not sink the search.
+- several static orders (by lifetime width, area, section total, descending) are searched side by
+  side, one compiled slice each in turn, each in its own state that the next turn resumes, so that
+  one unlucky order does not sink the search. (The search under one order is deterministic, so a
+  restart under a larger node limit would only replay the nodes it has already searched.)
 
 The search itself runs compiled (:mod:`lightning_memplan.placement._kernels`) on an explicit
 stack, in slices of a few thousand nodes between which the deadline is checked.
@@ -46,7 +48,7 @@ class Timeout(Exception):
 
 
 HEURISTICS = ("WAT", "TAW", "TWA")
-"""Static orders tried round robin: by lifetime Width, Area, section Total, siZe (descending)."""
+"""Static orders searched side by side: by lifetime Width, Area, section Total, siZe (descending)."""
 
 TIGHT_HEURISTICS = ("ZWA+", "WAT+", "WAT", "TAW+", "TAW", "TWA")
 """The orders used instead when most sections have no spare bytes at the capacity asked (see
@@ -149,6 +151,9 @@ class Decider:
         n = len(size)
         self.n = n
         self.nodes = 0
+        #: Nodes searched in this object's own state (the first order's lane; :attr:`nodes` counts every lane).
+        self.searched = 0
+        self._lanes: list[Decider] = []
         i64 = np.int64
         self.size = np.asarray(size, dtype=i64).reshape(n)
         self.align = np.asarray(align, dtype=i64).reshape(n)
@@ -218,16 +223,31 @@ class Decider:
         """A decider for the same problem with its own search state, so that two searches (say at
         two capacities) can run interleaved; the read-only problem arrays are shared."""
         other = copy.copy(self)
-        other.nodes = 0
+        other.nodes = other.searched = 0
+        other._lanes = []
         other._allocate()
         return other
+
+    def lanes(self) -> list[Decider]:
+        """The search states of the orders :meth:`steps` has run so far, in order (this object first)."""
+        return [self, *self._lanes]
+
+    def _lane(self, k: int) -> Decider:
+        """The search state that the ``k``-th order of :meth:`steps` runs in: this object for the
+        first, a fork for each other one (kept and reused by later calls)."""
+        if k == 0:
+            return self
+        while len(self._lanes) < k:
+            self._lanes.append(self.fork())
+        return self._lanes[k - 1]
 
     def deepest(self) -> list[int | None]:
         """The partial packing with the most buffers placed that this object's searches have met
         (over every capacity and attempt so far): per buffer its offset (bytes) or ``None``. Each
         offset lies within the capacity of the search that placed it; the placed buffers overlap
         neither each other nor their floors."""
-        return [int(o) if m else None for m, o in zip(self.deep_mask, self.deep_off)]
+        lane = max(self.lanes(), key=lambda d: int(d.st[K.DEEP]))
+        return [int(o) if m else None for m, o in zip(lane.deep_mask, lane.deep_off)]
 
     # ------------------------------------------------------------------ search
     def solve(self, capacity: int, deadline: float) -> list[int] | None:
@@ -255,22 +275,25 @@ class Decider:
             return None
         tight = float((self.total0 == capacity).mean()) > TIGHT_SHARE
         orders = self.tight_heuristics if tight else self.heuristics
-        limit = self.n
+        runs: list[tuple[Decider, Generator[None, None, int]]] = []
         while True:
-            limit *= 2
-            for heur, zero_slack in orders:
-                status = yield from self._attempt(capacity, heur, limit, zero_slack)
-                if status == K.FOUND:
-                    return [int(x) for x in self.solution]
-                if status == K.INFEASIBLE:
-                    return None
+            for k, (heur, zero_slack) in enumerate(orders):
+                if k == len(runs):  # an order's state is made when its first turn comes
+                    lane = self._lane(k)
+                    lane.ceil = self.ceil
+                    runs.append((lane, lane._attempt(capacity, heur, zero_slack, self)))
+                lane, run = runs[k]
+                try:
+                    next(run)
+                except StopIteration as done:
+                    return [int(x) for x in lane.solution] if done.value == K.FOUND else None
+                yield
 
-    def _attempt(
-        self, capacity: int, heur: np.ndarray, limit: int, zero_slack: bool = False
-    ) -> Generator[None, None, int]:
-        """One attempt with a static order under a node limit: FOUND, INFEASIBLE or BUDGET (yields
-        before every compiled slice). ``zero_slack``: branch on the floor of a section without
-        spare bytes (see :data:`HEURISTICS`)."""
+    def _attempt(self, capacity: int, heur: np.ndarray, zero_slack: bool, owner: Decider) -> Generator[None, None, int]:
+        """One search with a static order, in this object's state, to its end: FOUND or INFEASIBLE
+        (yields after every compiled slice, so the caller can stop or interleave it; ``owner.nodes``
+        counts the nodes). ``zero_slack``: branch on the floor of a section without spare bytes (see
+        :data:`TIGHT_HEURISTICS`)."""
         if self.pool.shape[0] < self.n or self.parts.shape[0] < self.nsec:  # what ``reset`` fills
             self.pool = K.grown(self.pool, self.n)
             self.parts = K.grown(self.parts, self.nsec)
@@ -279,18 +302,16 @@ class Decider:
             self.total0, self.cuts0, heur, self.width, self.area, self.size, self.sl, self.su, self.nsec, self.secp,
             self.seci, self.base,
         )
-        remaining = limit
-        while remaining > 0:
-            yield
+        while True:
             status, used = K.run(
-                min(_SLICE, remaining), capacity, self.unit_alignment, zero_slack,
+                _SLICE, capacity, self.unit_alignment, zero_slack,
                 self.st, self.frames, self.parts, self.decs, self.pool, self.cand, self.mo, self.rem, self.cuts,
                 self.solution, self.ulog_i, self.ulog_v, self.ureserve, self.dirty, self.dstamp,
                 heur, self.width, self.area, self.size, self.align, self.sl, self.su,
                 self.ovp, self.ovi, self.secp, self.seci, self.deep_mask, self.deep_off, self.ceil,
             )
-            remaining -= used
-            self.nodes += used
+            owner.nodes += used
+            self.searched += used
             if status == K.GROW:
                 need = self.n + 16
                 self.parts = K.grown(self.parts, int(self.st[4]) + need)
@@ -301,4 +322,4 @@ class Decider:
                 continue
             if status != K.BUDGET:
                 return status
-        return K.BUDGET
+            yield

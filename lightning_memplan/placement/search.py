@@ -71,7 +71,7 @@ class _Space:
         ``self.found_at`` is the ``perf_counter`` time when the returned offsets were found.
 
         The search goes from the bound up: without an incumbent it races a search at the lower bound
-        (two compiled slices in three) against one at ``capacity``, so slack never hides a packing
+        (two thirds of the wall time) against one at ``capacity``, so slack never hides a packing
         that the tight search finds (a packing at the bound answers every capacity); then it bisects.
         """
         self.found_at = time.perf_counter()
@@ -119,23 +119,29 @@ class _Space:
 
 
 _WEIGHTS = (2, 1)
-"""Compiled slices per turn of the searches raced by :func:`_race` (the first, tightest, gets more)."""
+"""Shares of wall time per racer of :func:`_race` (the first, tightest, gets more)."""
 
 
 def _race(probes: list[tuple[int, Decider]], deadline: float) -> tuple[int, list[int] | None]:
     """Run decision searches ``(capacity in bytes, decider)`` interleaved, slice by slice, until one
-    answers; returns its capacity and answer (offsets or ``None``: no packing). Each decider must be
-    its own object (:meth:`Decider.fork`). Raises :class:`Timeout` at ``deadline``."""
+    answers; returns its capacity and answer (offsets or ``None``: no packing). The next slice
+    always goes to the search with the least wall time spent per share of :data:`_WEIGHTS`, so
+    that time splits as the weights say even where one search's slices take longer than
+    another's. Each decider must be its own object (:meth:`Decider.fork`). Raises
+    :class:`Timeout` at ``deadline``."""
     runs = [(cap, d.steps(cap), _WEIGHTS[min(k, len(_WEIGHTS) - 1)]) for k, (cap, d) in enumerate(probes)]
+    spent = [0.0] * len(runs)
     while True:
-        for cap, steps, weight in runs:
-            for _ in range(weight):
-                if time.perf_counter() > deadline:
-                    raise Timeout
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    return cap, done.value
+        k = min(range(len(runs)), key=lambda r: spent[r] / runs[r][2])
+        cap, steps, _ = runs[k]
+        now = time.perf_counter()
+        if now > deadline:
+            raise Timeout
+        try:
+            next(steps)
+        except StopIteration as done:
+            return cap, done.value
+        spent[k] += time.perf_counter() - now
 
 
 LNS_SHARE = 0.5

@@ -88,7 +88,7 @@ def test_exact_search_answers_a_failure_with_its_best_partial_plan(monkeypatch: 
     # partial placement leaving out the fewest buffers, never more than greedy's.
     monkeypatch.setattr(search, "complete", lambda bufs, offs, cap, deadline: (offs, 0.0))
     monkeypatch.setattr(search, "improve", lambda bufs, offs, lb, deadline: (offs, 0.0))
-    monkeypatch.setattr(search, "EXACT_SHARE", 0.05)
+    monkeypatch.setattr(search, "EXACT_SHARE", 0.3)
     bufs, _ = perfect_packing(15, 300, pinwheels=0.3)
     greedy = min([greedy_by_size(bufs, 2**20), greedy_by_position(bufs, 2**20)], key=lambda p: len(p.unplaced))
     plan = exact_search(bufs, 2**20, time_limit=1.0)
