@@ -6,7 +6,7 @@
     python benchmarks/placement.py --only none --random 0 --perfect 6 --slack 1.0 1.05
 
 A second table covers perfect packings (``benchmarks/perfect_packing.py``: a 1000-step x 1 MiB
-rectangle cut into 160-1000 buffers, nine by guillotine cuts and four with pinwheels, alignments 1-512 bytes,
+rectangle cut into 160-1000 buffers, nine by guillotine cuts and fourteen with pinwheels, alignments 1-512 bytes,
 seeded, so the optimum arena is exactly 1 MiB) at several capacities
 (``--slack``, multiples of the optimum): per algorithm, whether the plan is complete at the
 optimum, its arena over the optimum, and the seconds taken. The greedy heuristics are its peers.
@@ -93,6 +93,17 @@ PERFECT = [  # (seed, buffers, alignment in bytes, pinwheel probability): guillo
     (15, 300, 1, 0.3),
     (16, 600, 256, 0.3),
     (17, 1000, 1, 0.3),
+    # Ten more non-guillotine cuts of 160-420 buffers, seeds taken in a row (none chosen by result).
+    (20, 160, 1, 0.3),
+    (21, 200, 1, 0.3),
+    (22, 250, 256, 0.3),
+    (23, 300, 1, 0.3),
+    (24, 350, 1, 0.3),
+    (25, 400, 512, 0.3),
+    (26, 420, 1, 0.3),
+    (27, 300, 1, 0.5),
+    (28, 200, 1, 0.5),
+    (29, 400, 1, 0.2),
 ]
 
 
