@@ -313,10 +313,11 @@ def plan_memory(
     remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     submodule: str | None = None,
     regional: bool = False,
+    search_time_limit: float | None = None,
 ) -> MemPlan:
     """Choose a memory plan for ``model`` on the first training batch, without training.
 
-    The plan arguments (``submodule`` and ``regional`` too) mean what they mean for
+    The plan arguments (``submodule``, ``regional`` and ``search_time_limit`` too) mean what they mean for
     :class:`~lightning_memplan.MemPlanCallback`. The
     batch comes from ``train_dataloaders``, else ``datamodule.train_dataloader()`` (after
     ``setup("fit")``), else ``model.train_dataloader()``: the first of any iterable of batches
@@ -351,7 +352,7 @@ def plan_memory(
     settings = PlanSettings.from_args(
         "plan_memory", budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint,
         backend=backend, candidate_budgets=candidate_budgets, search_backend=search_backend,
-        remat_budgets=remat_budgets, regional=regional)
+        remat_budgets=remat_budgets, regional=regional, search_time_limit=search_time_limit)
     model = getattr(model, "_orig_mod", model) if not isinstance(model, LightningModule) else model  # torch.compile
     path = check_submodule(submodule, "plan_memory")
     if is_overridden("configure_model", model):  # it makes (or compiles) the model, as fit calls it

@@ -90,6 +90,11 @@ class MemPlanCallback(Callback):
             (default): one compile of the whole module. The plan records them (``plan.regional``).
         remat_budgets: budgets of the whole-graph rematerialization plans (solver ``"remat"``) the
             search tries besides; ``()`` for none.
+        search_time_limit: seconds the ``"auto"`` search may take (``None``, default: no limit).
+            Once they have passed, no further trace or compile starts; the plan is chosen among the
+            candidates forecast by then (at least one: a search always plans), with a warning that
+            says how many were left out (their note in ``plan.candidates``). A trace running at the
+            limit finishes, so the search can overrun it by one trace.
         search_backend: backend the candidates are forecast with (``"aot_eager"``: no code
             generation); the chosen plan is forecast again on ``backend``.
         plan: a :class:`~lightning_memplan.plan.MemPlan` or the path of one saved as JSON (from the
@@ -175,13 +180,14 @@ class MemPlanCallback(Callback):
         submodule: str | None = None,
         forecast_new_shapes: bool = True,
         regional: bool = False,
+        search_time_limit: float | None = None,
     ) -> None:
         self._options = callback_options(
             budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint, backend=backend,
             candidate_budgets=candidate_budgets, search_backend=search_backend, remat_budgets=remat_budgets,
             plan=plan, replan=replan, measure_batches=measure_batches, log_plots=log_plots,
             compile_kwargs=compile_kwargs, verbose=verbose, submodule=submodule,
-            forecast_new_shapes=forecast_new_shapes, regional=regional)
+            forecast_new_shapes=forecast_new_shapes, regional=regional, search_time_limit=search_time_limit)
         #: the arguments as given (``backend="auto"`` unresolved); ``_options`` holds them for this fit's device
         self._given = self._options
         for note in self._options.notes:  # arguments the others override

@@ -46,7 +46,7 @@ def callback_options(
     checkpoint: CheckpointPolicy, backend: str, candidate_budgets: Sequence[float], search_backend: str,
     remat_budgets: Sequence[float], plan: MemPlan | str | Path | None, replan: bool, measure_batches: int,
     log_plots: bool, compile_kwargs: dict[str, Any] | None, verbose: bool, submodule: str | None,
-    forecast_new_shapes: bool, regional: bool,
+    forecast_new_shapes: bool, regional: bool, search_time_limit: float | None,
 ) -> CallbackOptions:
     """Validate ``MemPlanCallback``'s arguments; raises ``ValueError`` naming the bad one."""
     call = "MemPlanCallback"
@@ -54,7 +54,7 @@ def callback_options(
     settings = PlanSettings.from_args(
         call, budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint, backend=backend,
         candidate_budgets=candidate_budgets, search_backend=search_backend, remat_budgets=remat_budgets,
-        regional=regional)
+        regional=regional, search_time_limit=search_time_limit)
     if isinstance(measure_batches, bool) or not isinstance(measure_batches, int) or measure_batches < 1:
         raise ValueError(f"`{call}(measure_batches={measure_batches!r})` must be an int >= 1.")
     if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
@@ -81,7 +81,8 @@ def callback_options(
             "budget": (budget, "auto"), "max_memory": (max_memory, None),
             "solver": (solver, solver if custom else "dp"),
             "checkpoint": (checkpoint, "auto"), "candidate_budgets": (candidate_budgets, DEFAULT_BUDGETS),
-            "remat_budgets": (remat_budgets, DEFAULT_REMAT_BUDGETS), "regional": (regional, False)})
+            "remat_budgets": (remat_budgets, DEFAULT_REMAT_BUDGETS), "regional": (regional, False),
+            "search_time_limit": (search_time_limit, None)})
         notes += [ignored] if ignored else []
     return CallbackOptions(settings=settings, user_plan=user_plan, replan=bool(replan),
                            measure_batches=measure_batches, log_plots=bool(log_plots),

@@ -26,7 +26,7 @@ from lightning_memplan.planner.checkpointing import (
 from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.plan_forecast import BoundForward, sum_outputs
 from lightning_memplan.planner.regional import regional_blocks
-from lightning_memplan.planner.search import PlanDoesNotFit, rejudge, search
+from lightning_memplan.planner.search import OUT_OF_TIME, PlanDoesNotFit, rejudge, search
 from lightning_memplan.planner.settings import PlanSettings
 from lightning_memplan.planner.step_model import (
     TrainingLoop,
@@ -92,7 +92,8 @@ def decide_plan(
                         loss_fn=sum_outputs, max_memory=settings.max_memory,
                         remat_budgets=settings.remat_budgets,
                         step_memory=lambda fc: lightning_step_memory(fc, grads, loop),
-                        keep_forecasts=kept is not None, regional=[f"module.{b}" for b in regional])
+                        keep_forecasts=kept is not None, regional=[f"module.{b}" for b in regional],
+                        time_limit=settings.search_time_limit)
         plan, forecasts = result.plan, result.forecasts
     except PlanDoesNotFit as exc:
         message = f"{call}: {exc} Training with the smallest plan."
@@ -102,6 +103,15 @@ def decide_plan(
         plan, forecasts = exc.plan, exc.forecasts
     if kept is not None:
         kept.extend(forecasts)
+    late = [c for c in plan.candidates if c.note == OUT_OF_TIME]
+    if late:
+        message = (f"{call}: the search stopped at search_time_limit={settings.search_time_limit:g} s; "
+                   f"{len(late)} of {len(plan.candidates)} candidate plans were not forecast (first: {late[0].label}) "
+                   f"and the plan is chosen among the {len(plan.candidates) - len(late)} that were. Raise "
+                   "search_time_limit (or set None) to search them all.")
+        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
+        if warned is not None:
+            warned.append(message)
     failed = [c for c in plan.candidates if c.note.startswith("forecast failed")]
     if failed:
         message = (f"{call}: {len(failed)} of {len(plan.candidates)} candidate plans could not be forecast and were "

@@ -38,8 +38,8 @@ from lightning_memplan.units import format_bytes
 if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
-__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "PlanDoesNotFit", "SearchResult", "choose",
-           "forecast_flops", "rejudge", "search"]
+__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "OUT_OF_TIME", "PlanDoesNotFit", "SearchResult",
+           "choose", "forecast_flops", "rejudge", "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
 """Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
@@ -55,6 +55,10 @@ bytes between the least and the cheapest plan's, see :mod:`lightning_memplan.cor
 MILP and a partition. A denser grid (0.55, 0.45, 0.35, 0.25) was tried on the 6-block GPT of
 ``benchmarks/plans.py``: its knee, remat 0.35, saved 67% of full block checkpointing's memory under
 inductor (0.25: 82%), and deciding took 20% longer."""
+
+
+OUT_OF_TIME = "not forecast: the search's time limit ran out"
+"""The note of a candidate the search left unforecast because its ``time_limit`` had passed."""
 
 
 class PlanDoesNotFit(RuntimeError):
@@ -131,6 +135,7 @@ def search(
     step_memory: Callable[[Any], tuple[int, int | None]] | None = None,
     keep_forecasts: bool = False,
     regional: Sequence[str] = (),
+    time_limit: float | None = None,
 ) -> SearchResult:
     """Forecast every (checkpoint set, budget) plan and choose one (see the module docstring).
 
@@ -148,6 +153,10 @@ def search(
     :func:`~lightning_memplan.forecast`): the partitions, one per distinct block graph, do not grow
     with the number of blocks; a checkpoint set holding some of them is forecast with its blocks
     really wrapped, one trace per set.
+    ``time_limit``: seconds (wall clock, from the call) after which no new trace or compile starts
+    once one candidate has a forecast; the candidates not forecast by then get the note
+    :data:`OUT_OF_TIME` and the plan is chosen among the others (``None``: no limit). A trace
+    running when the time passes finishes, and the plans it partitioned count.
 
     Raises:
         PlanDoesNotFit: ``max_memory`` given and no forecast fits it (its ``forecasts`` attribute
@@ -158,6 +167,17 @@ def search(
     from lightning_memplan.forecasting.step_forecast import forecast
 
     t0 = time.perf_counter()
+    deadline = math.inf if time_limit is None else t0 + time_limit
+
+    def out_of_time() -> bool:  # never before one candidate has a forecast: a search always plans
+        return time.perf_counter() > deadline and any(c.peak_bytes is not None for c in candidates)
+
+    def add(cand: Candidate, fc: Forecast | None) -> None:
+        candidates.append(cand)
+        kept.append(_keep(fc) if keep_forecasts else None)
+        if on_candidate is not None:
+            on_candidate(cand)
+
     judge = step_memory if step_memory is not None else _forecast_memory
     candidates: list[Candidate] = []
     kept: list[Any] = []  # aligned with candidates when keep_forecasts
@@ -193,7 +213,7 @@ def search(
         with checkpointed(model, ck):
             swept: dict[float, Any] = {b: grid[(ck, b)] for b in budgets
                                        if (ck, b) in grid and grid[(ck, b)].status == "ok"}
-            if sweepable and len(swept) < len(budgets):
+            if sweepable and len(swept) < len(budgets) and not out_of_time():
                 try:  # the emulation failed for this set: one trace with the blocks really wrapped
                     swept = forecast_sweep(model, tuple(example_inputs), budgets=tuple(budgets), solver=solver,
                                            loss_fn=loss_fn, optimizer=optimizer, regional=regional)
@@ -204,9 +224,11 @@ def search(
             known = next((f.compiled_parameter_ids for f in swept.values() if f.compiled_parameter_ids), None)
             eager = uncompiled_blocks(model, ck, known)
             for b in budgets:
-                fc = None
+                fc = swept.get(float(b)) if swept else None
+                if fc is None and out_of_time():
+                    add(Candidate(budget=b, checkpoint=tuple(ck), note=OUT_OF_TIME), None)
+                    continue
                 try:
-                    fc = swept.get(float(b)) if swept else None
                     if fc is None:  # a forecast of its own: it knows its compiled parameters
                         fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
                                       backend=backend, loss_fn=loss_fn, optimizer=optimizer, regional=regional)
@@ -221,19 +243,18 @@ def search(
                                          cost=forecast_flops(fc), note=_note(fc))
                 except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
                     cand, fc = Candidate(budget=b, checkpoint=tuple(ck), note=f"forecast failed: {exc!r}"), None
-                candidates.append(cand)
-                kept.append(_keep(fc) if keep_forecasts else None)
-                if on_candidate is not None:
-                    on_candidate(cand)
+                add(cand, fc)
                 if b < 1.0 and cand.note and all(
                     part.startswith("solver not called (nothing_recomputable)")
                     for part in cand.note.split("; ")
                 ):
                     break  # everything is checkpointed already: lower budgets change nothing
     for b in remat_budgets:
-        fc = None
+        fc = grid.get(("remat", b))
+        if (fc is None or fc.status != "ok") and out_of_time():
+            add(Candidate(budget=b, note=OUT_OF_TIME, solver="remat"), None)
+            continue
         try:
-            fc = grid.get(("remat", b))
             if fc is None or fc.status != "ok":
                 fc = forecast(model, tuple(example_inputs), budget=b, solver="remat", backend=backend,
                               loss_fn=loss_fn, optimizer=optimizer, regional=regional)
@@ -242,10 +263,7 @@ def search(
             baseline = base if baseline is None else baseline
         except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
             cand, fc = Candidate(budget=b, note=f"forecast failed: {exc!r}", solver="remat"), None
-        candidates.append(cand)
-        kept.append(_keep(fc) if keep_forecasts else None)
-        if on_candidate is not None:
-            on_candidate(cand)
+        add(cand, fc)
     forecasts = tuple(kept) if keep_forecasts else ()
     try:
         plan = choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -46,6 +47,9 @@ class PlanSettings:
     """Whole-graph rematerialization budgets the search adds (``()``: none)."""
     regional: bool = False
     """Whether the repeated blocks are compiled each on its own (:mod:`lightning_memplan.planner.regional`)."""
+    search_time_limit: float | None = None
+    """Seconds the ``"auto"`` search may take before it chooses among the candidates forecast so far
+    (``None``: no limit); see :func:`~lightning_memplan.planner.search.search`'s ``time_limit``."""
 
     @classmethod
     def from_args(
@@ -61,6 +65,7 @@ class PlanSettings:
         search_backend: str = "aot_eager",
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
         regional: bool = False,
+        search_time_limit: float | None = None,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""
         from lightning_memplan.forecasting.validate import check_budget, check_budgets, check_inner, resolve_solver
@@ -93,6 +98,7 @@ class PlanSettings:
             candidate_budgets=cands,
             search_backend=check_inner(search_backend, call, "search_backend"),
             remat_budgets=remat, regional=check_regional_flag(regional, call),
+            search_time_limit=_check_time_limit(search_time_limit, call),
         )
 
 
@@ -102,6 +108,16 @@ class PlanSettings:
         if self.backend != "auto":
             return self
         return dataclasses.replace(self, backend=auto_backend(device))
+
+
+def _check_time_limit(limit: object, call: str) -> float | None:
+    """``limit`` as seconds (a positive finite number), or None; else a ValueError naming ``call``."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
+        raise ValueError(f"`{call}(search_time_limit={limit!r})` is not valid. Expected a positive number of "
+                         "seconds, or None for no limit.")
+    return float(limit)
 
 
 def _check_backend(backend: object, call: str) -> Literal["auto", "inductor", "aot_eager"]:

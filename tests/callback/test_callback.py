@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning_memplan import MemPlanCallback
 from lightning_memplan.callback.memplan_callback import MemPlanWarning
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
+from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS, OUT_OF_TIME
 
 from .models import (
     BytesIn,
@@ -930,6 +930,26 @@ def test_a_regional_plan_whose_head_compiles_on_its_own_counts_the_logits_once(t
     assert sum(r.calls for r in cb.forecast.regions) == loss.regions + 1, (cb.forecast.regions, loss)
     errors = [float(r["memplan/prediction_error"]) for r in _metrics(trainer) if r.get("memplan/prediction_error")]
     assert len(errors) == 2 and all(abs(e) < 0.01 for e in errors), errors
+
+
+def test_a_search_past_its_time_limit_plans_with_what_it_forecast_and_says_so(tmp_path: Path) -> None:
+    """``search_time_limit``: a regional search traces each checkpoint set holding blocks with
+    those blocks really wrapped. Past the limit (here at once) no such trace starts: the plan is
+    chosen among the candidates forecast by then, the user is told how many were left out, and
+    the fit trains with it."""
+    cb = MemPlanCallback("auto", backend="aot_eager", regional=True, search_time_limit=1e-6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _trainer(tmp_path, cb, epochs=1)
+        trainer.fit(TinyNet())
+    said = [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)]
+    late = [m for m in said if "stopped at search_time_limit=1e-06 s" in m]
+    assert len(late) == 1 and "were not forecast" in late[0], said
+    assert cb.fallback_reason is None and cb.plan is not None and trainer.global_step > 0
+    left_out = [c for c in cb.plan.candidates if c.note == OUT_OF_TIME]
+    assert left_out and all(c.checkpoint for c in left_out if not c.solver), cb.plan.candidates
+    chosen = cb.plan.candidates[cb.plan.chosen]
+    assert chosen.peak_bytes is not None and chosen.note != OUT_OF_TIME and not chosen.checkpoint
 
 
 def test_the_loss_computed_on_the_outputs_is_measured_and_forecast(tmp_path: Path,

@@ -42,7 +42,8 @@ def _options(**kw: Any) -> Any:
     args: dict[str, Any] = dict(budget=0.5, max_memory=None, solver="dp", checkpoint=None, backend="aot_eager",
                                 candidate_budgets=(1.0, 0.5), search_backend="aot_eager", remat_budgets=(),
                                 plan=None, replan=True, measure_batches=2, log_plots=False, compile_kwargs=None,
-                                verbose=False, submodule=None, forecast_new_shapes=True, regional=False)
+                                verbose=False, submodule=None, forecast_new_shapes=True, regional=False,
+                                search_time_limit=None)
     args.update(kw)
     return callback_options(**args)
 
@@ -203,6 +204,12 @@ def test_the_trainer_view_without_a_trainer() -> None:
     ({"compile_kwargs": {"backend": "eager"}}, r"set the backend with `backend=`"),
     ({"forecast_new_shapes": "yes"}, r"forecast_new_shapes='yes'\)` must be True or False"),
     ({"regional": "auto"}, r"regional='auto'\)` is not valid. Expected True \(compile the repeated blocks"),
+    ({"search_time_limit": 0}, r"search_time_limit=0\)` is not valid. Expected a positive number of seconds, or None"),
+    ({"search_time_limit": -5.0}, r"search_time_limit=-5.0\)` is not valid"),
+    ({"search_time_limit": float("inf")}, r"search_time_limit=inf\)` is not valid"),
+    ({"search_time_limit": float("nan")}, r"search_time_limit=nan\)` is not valid"),
+    ({"search_time_limit": True}, r"search_time_limit=True\)` is not valid"),
+    ({"search_time_limit": "60s"}, r"search_time_limit='60s'\)` is not valid"),
     ({"plan": 3}, r"plan=3\)` must be a MemPlan"),
     ({"plan": "/no/such/plan.json"}, r"no such file"),
 ])
@@ -216,6 +223,8 @@ def test_good_callback_arguments_are_kept() -> None:
     options = _options(plan=plan, compile_kwargs={"mode": "default"}, max_memory="1KiB")
     assert options.user_plan is plan and options.compile_kwargs == {"mode": "default"}
     assert options.settings.max_memory == 1024 and options.measure_batches == 2
+    assert _options(search_time_limit=30).settings.search_time_limit == 30.0
+    assert _options().settings.search_time_limit is None
 
 
 def test_search_arguments_beside_a_plan_are_said_to_be_unused() -> None:
@@ -225,6 +234,8 @@ def test_search_arguments_beside_a_plan_are_said_to_be_unused() -> None:
     assert options.notes == ("`MemPlanCallback(plan=...)` is used as it is (no search), so budget=0.5, "
                              "max_memory='1KiB' are not used. Drop `plan=` to search with them.",)
     assert _options(plan=_plan(), budget="auto", **defaults).notes == ()
+    assert "search_time_limit=30 is not used" in _options(plan=_plan(), budget="auto", search_time_limit=30,
+                                                          **defaults).notes[0]
     assert _options(budget=0.5, max_memory="1KiB").notes == ()  # no plan: nothing overrides them
 
     def mine(memory: list[float], runtimes: list[float], max_memory: float) -> Any:

@@ -96,3 +96,39 @@ def test_kept_forecasts_rejudge_the_candidates_without_compiling(monkeypatch: py
                 solver="dp")
     with pytest.raises(ValueError, match=r"rejudge: 0 forecasts for 4 candidates; search with keep_forecasts=True"):
         rejudge(plan, (), lambda fc: (0, 0), max_memory=None, solver="dp")
+
+
+def test_a_search_past_its_time_limit_chooses_among_the_candidates_forecast_by_then(monkeypatch) -> None:  # noqa: ANN001
+    # Without the grid every checkpoint set takes a trace of its own. Past the limit (here at once),
+    # the first set's trace still runs (a search always plans); no other trace starts.
+    from lightning_memplan.planner.search import OUT_OF_TIME
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64), nn.GELU(), nn.Linear(64, 1))
+
+    def no_grid(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("grid disabled")
+
+    monkeypatch.setattr("lightning_memplan.forecasting.grid.forecast_grid", no_grid)
+    traces: list[float] = []
+    orig = compile_mod.MemplanBackend.__call__
+
+    def counting(self, gm, example_inputs):  # noqa: ANN001, ANN202
+        traces.append(self.budget)
+        return orig(self, gm, example_inputs)
+
+    monkeypatch.setattr(compile_mod.MemplanBackend, "__call__", counting)
+    kw = dict(budgets=(1.0, 0.3), checkpoint_sets=((), ("0",), ("0", "2")), remat_budgets=(0.4,))
+    x = torch.randn(256, 64)
+    cut = search(make(), (x,), time_limit=1e-6, **kw).plan
+    assert len(traces) == 1
+    assert [(c.budget, c.checkpoint, c.solver) for c in cut.candidates] == [
+        (b, ck, "") for ck in ((), ("0",), ("0", "2")) for b in (1.0, 0.3)] + [(0.4, (), "remat")]
+    forecast = [c for c in cut.candidates if c.peak_bytes is not None]
+    assert [c.checkpoint for c in forecast] == [(), ()]  # the first set's trace: both its budgets
+    assert all(c.note == OUT_OF_TIME for c in cut.candidates[2:])
+    assert cut.candidates[cut.chosen] in forecast
+    full = search(make(), (x,), time_limit=600, **kw).plan  # time enough: every candidate is forecast
+    assert all(c.peak_bytes is not None for c in full.candidates), [c.note for c in full.candidates]
+    assert [c.peak_bytes for c in full.candidates[:2]] == [c.peak_bytes for c in forecast]
