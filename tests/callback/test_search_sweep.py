@@ -9,7 +9,8 @@ import lightning_memplan.forecasting.backend as compile_mod
 from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS, search
 
 
-def test_one_trace_for_every_plan(monkeypatch) -> None:  # noqa: ANN001
+def _count_traces(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The budget of every dynamo backend call (one per graph traced) from now on, in order."""
     calls: list[float] = []
     orig = compile_mod.MemplanBackend.__call__
 
@@ -18,6 +19,11 @@ def test_one_trace_for_every_plan(monkeypatch) -> None:  # noqa: ANN001
         return orig(self, gm, example_inputs)
 
     monkeypatch.setattr(compile_mod.MemplanBackend, "__call__", counting)
+    return calls
+
+
+def test_one_trace_for_every_plan(monkeypatch) -> None:  # noqa: ANN001
+    calls = _count_traces(monkeypatch)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
     seen = []
@@ -111,14 +117,7 @@ def test_a_search_past_its_time_limit_chooses_among_the_candidates_forecast_by_t
         raise RuntimeError("grid disabled")
 
     monkeypatch.setattr("lightning_memplan.forecasting.grid.forecast_grid", no_grid)
-    traces: list[float] = []
-    orig = compile_mod.MemplanBackend.__call__
-
-    def counting(self, gm, example_inputs):  # noqa: ANN001, ANN202
-        traces.append(self.budget)
-        return orig(self, gm, example_inputs)
-
-    monkeypatch.setattr(compile_mod.MemplanBackend, "__call__", counting)
+    traces = _count_traces(monkeypatch)
     kw = dict(budgets=(1.0, 0.3), checkpoint_sets=((), ("0",), ("0", "2")), remat_budgets=(0.4,))
     x = torch.randn(256, 64)
     cut = search(make(), (x,), time_limit=1e-6, **kw).plan
