@@ -73,10 +73,12 @@ def _test(rest: list[str], env: dict[str, str]) -> int:
     """The suite. With pytest arguments, one pytest run with them. Without: the ``slow`` lane (several
     processes, third-party models: about half the suite's time) in a second pytest process beside
     the other lanes, on this machine's two cores; its output follows theirs. Exit status: the
-    first failing run's, else 0."""
+    first failing run's, else 0. Each of the two runs ends with its ten slowest tests (``--durations``),
+    so that the suite's time has names next to it."""
     pytest = [str(PY), "-m", "pytest", "-q"]
     if rest:
         return _run([*pytest, *rest], cwd=ROOT, env=env)
+    pytest.append("--durations=10")
     with tempfile.TemporaryFile(mode="w+") as out:
         print("+", " ".join([*pytest, "-m", "slow"]), "(beside the other lanes; its output follows theirs)",
               flush=True)
