@@ -104,7 +104,8 @@ def test_kept_forecasts_rejudge_the_candidates_without_compiling(monkeypatch: py
         rejudge(plan, (), lambda fc: (0, 0), max_memory=None, solver="dp")
 
 
-def test_a_search_past_its_time_limit_chooses_among_the_candidates_forecast_by_then(monkeypatch) -> None:  # noqa: ANN001
+def test_a_search_past_its_time_limit_chooses_among_the_candidates_forecast_by_then(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # Without the grid every checkpoint set takes a trace of its own. Past the limit (here at once),
     # the first set's trace still runs (a search always plans); no other trace starts.
     from lightning_memplan.planner.search import OUT_OF_TIME
