@@ -72,13 +72,16 @@ def decide_plan(
     Raises:
         RuntimeError: every candidate's forecast failed (from the search).
     """
+    def say(message: str) -> None:  # warned at the caller of decide_plan, and kept in ``warned``
+        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel + 1)
+        if warned is not None:
+            warned.append(message)
+
     regional = regional_blocks(module, settings.regional)
     if settings.regional and not regional:
         message = (f"{call}: regional=True, but {type(module).__name__} has no repeated blocks (two or more "
                    "sibling submodules of one class with trainable parameters); it is compiled whole.")
-        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
-        if warned is not None:
-            warned.append(message)
+        say(message)
     if not isinstance(settings.budget, str):
         return MemPlan(budget=float(settings.budget), solver=settings.solver_name,
                        backend=settings.backend, reason="budget given", regional=regional)
@@ -97,9 +100,7 @@ def decide_plan(
         plan, forecasts = result.plan, result.forecasts
     except PlanDoesNotFit as exc:
         message = f"{call}: {exc} Training with the smallest plan."
-        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
-        if warned is not None:
-            warned.append(message)
+        say(message)
         plan, forecasts = exc.plan, exc.forecasts
     if kept is not None:
         kept.extend(forecasts)
@@ -109,17 +110,13 @@ def decide_plan(
                    f"{len(late)} of {len(plan.candidates)} candidate plans were not forecast (first: {late[0].label}) "
                    f"and the plan is chosen among the {len(plan.candidates) - len(late)} that were. Raise "
                    "search_time_limit (or set None) to search them all.")
-        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
-        if warned is not None:
-            warned.append(message)
+        say(message)
     failed = [c for c in plan.candidates if c.note.startswith("forecast failed")]
     if failed:
         message = (f"{call}: {len(failed)} of {len(plan.candidates)} candidate plans could not be forecast and were "
                    f"not considered (first: {failed[0].label}, {failed[0].note[:300]}); the plan is chosen among "
                    "the others (`plan.candidates` has every note).")
-        warnings.warn(message, MemPlanWarning, stacklevel=stacklevel)
-        if warned is not None:
-            warned.append(message)
+        say(message)
     return dataclasses.replace(_relative_to_module(plan, settings), regional=regional)
 
 
