@@ -22,6 +22,7 @@ __all__ = [
     "breaking_call",
     "dynamo_allows_rnn",
     "force_disable_caches_patch",
+    "frame_mutations",
     "isolated_compile_kwargs",
     "lazy_graph_module",
     "recompile_limit",
@@ -120,3 +121,21 @@ def breaking_call(fn: Callable[..., _R], *, recompile_limit: int) -> Callable[..
             return fn(*args, **kwargs)
 
     return call
+
+
+def frame_mutations() -> tuple[str, ...] | None:
+    """While a backend compiles a frame: the kinds of the Python objects other than tensors that
+    the frame mutates and dynamo replays after the graph (``"UserDefinedObjectVariable"`` for an
+    object whose attributes it sets, such as a KV cache layer it appends to; ``"ListVariable"``),
+    one per object; ``None`` when unknown (no frame being compiled, or dynamo's side-effect record
+    is not where torch 2.13 keeps it). Under ``torch.utils.checkpoint`` dynamo cannot keep such
+    mutations in the checkpointed graph and runs the call eagerly."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.variables import TensorVariable
+
+        effects = InstructionTranslator.current_tx().output.side_effects
+        return tuple(type(v).__name__ for v in effects.id_to_variable.values()
+                     if effects.is_modified(v) and not isinstance(v, TensorVariable))
+    except Exception:  # noqa: BLE001 - unknown
+        return None

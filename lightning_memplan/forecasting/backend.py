@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from lightning_memplan._torch.dynamo import force_disable_caches_patch, lazy_graph_module
+from lightning_memplan._torch.dynamo import force_disable_caches_patch, frame_mutations, lazy_graph_module
 from lightning_memplan._torch.inductor import (
     compile_fx,
     compile_fx_inner,
@@ -63,7 +63,7 @@ from lightning_memplan.forecasting.capture import (
     record_wrapper,
 )
 from lightning_memplan.forecasting.solver_adapter import solver_adapter_class
-from lightning_memplan.forecasting.sweep import PlanSweep, partition_remat
+from lightning_memplan.forecasting.sweep import WHOLE_REGION, PlanSweep, partition_remat
 from lightning_memplan.forecasting.validate import (
     SolverFn,
     check_budget,
@@ -98,7 +98,7 @@ class MemplanBackend:
                  inner: Literal["inductor", "aot_eager"], capture: bool,
                  sweep: tuple[float, ...] = (), sweep_checkpoints: tuple[tuple[str, ...], ...] = (),
                  module_names: dict[str, str] | None = None, run_checkpoint: tuple[str, ...] = (),
-                 sweep_remat: tuple[float, ...] = ()) -> None:
+                 sweep_remat: tuple[float, ...] = (), whole_region: bool = False) -> None:
         self.budget = budget
         self.solver_name = solver_name
         self.inner = inner
@@ -108,7 +108,7 @@ class MemplanBackend:
         #: The plans partitioned besides this one on the same joint graphs (and the probes' scope).
         self._plans = PlanSweep(budget=budget, solver_name=solver_name, solver_fn=solver_fn, sweep=sweep,
                                 sweep_checkpoints=sweep_checkpoints, module_names=module_names,
-                                run_checkpoint=run_checkpoint, sweep_remat=sweep_remat)
+                                run_checkpoint=run_checkpoint, sweep_remat=sweep_remat, whole_region=whole_region)
         #: Indices of the regions called while ``recording`` is on, in call order (capture only). A
         #: region that runs several times in a step appears each time: one compiled block called in
         #: a loop with a graph break in it, or one FSDP unit's forward per ``fully_shard``ed module.
@@ -119,6 +119,9 @@ class MemplanBackend:
         #: (e.g. the FSDP unit whose forward is running).
         self.call_owner: Callable[[], int | None] | None = None
         self.owners: list[int | None] = []
+        #: ``id``s of the trainable parameters each recorded call read (aligned with ``executions``):
+        #: which block a call of a graph that serves several blocks ran for.
+        self.call_params: list[frozenset[int]] = []
         #: While recording: ``{(position j, position i): bytes}`` of position ``i``'s outputs that
         #: were live when position ``j``'s backward started and freed when it ended (``j`` held them
         #: last: an input it saved, released at its last read). Positions index ``executions``.
@@ -135,6 +138,12 @@ class MemplanBackend:
         """The regions captured for the whole-graph rematerialization plan at ``budget`` (one of
         ``sweep_remat``, or the backend's own when its solver is ``"remat"``), as :meth:`sweep_regions`."""
         return self._plans.remat_regions(budget, self.regions)
+
+    def whole_region_regions(self, budget: float) -> list[RegionCapture]:
+        """Each region partitioned at ``budget`` with its whole forward checkpointed (the backend
+        built with ``whole_region=True``), as :meth:`sweep_regions`: the graph a block compiled on
+        its own gives under ``torch.utils.checkpoint``."""
+        return self._plans.regions(budget, WHOLE_REGION, self.regions)
 
     @property
     def sweep(self) -> tuple[float, ...]:
@@ -210,6 +219,7 @@ class MemplanBackend:
         region.param_grad_bytes = int(sum(trainable.values()))
         region.param_grad_max = int(max(trainable.values(), default=0))
         region.param_ids = frozenset(id(e) for e in example_inputs if isinstance(e, nn.Parameter) and e.requires_grad)
+        region.mutations = frame_mutations()
         for pos, e in enumerate(example_inputs):
             if isinstance(e, nn.Parameter) and e.requires_grad:
                 region.param_at.setdefault(pos, set()).add(id(e))
@@ -248,6 +258,7 @@ class MemplanBackend:
             owners.append(self.call_owner() if self.call_owner is not None else None)
             region = self.regions[index]  # a graph that serves several blocks reads each block's parameters
             read = [(pos, id(a)) for pos, a in enumerate(args) if isinstance(a, nn.Parameter) and a.requires_grad]
+            self.call_params.append(frozenset(i for _, i in read))
             region.param_ids = region.param_ids | {i for _, i in read}
             for pos, i in read:
                 region.param_at.setdefault(pos, set()).add(i)
@@ -378,6 +389,7 @@ def memplan_backend(
     model: nn.Module | None = None,
     run_checkpoint: Sequence[str] = (),
     sweep_remat: Sequence[float] = (),
+    whole_region: bool = False,
 ) -> MemplanBackend:
     """A ``torch.compile`` backend with this activation memory budget and knapsack solver.
 
@@ -402,6 +414,10 @@ def memplan_backend(
         sweep_remat: budgets of whole-graph rematerialization plans (solver ``"remat"``) to partition
             the same joint graph under besides; read each with :meth:`MemplanBackend.remat_regions`.
             Needs ``inner="aot_eager"``.
+        whole_region: partition each region also under the own budget and every sweep budget
+            with its whole forward checkpointed (every forward node tagged): a block compiled on
+            its own, checkpointed; read with :meth:`MemplanBackend.whole_region_regions`. Needs
+            ``inner="aot_eager"``.
 
     With ``solver="remat"`` the compiled plan itself is whole-graph rematerialization at
     ``budget`` (see :mod:`lightning_memplan.core.remat`); ``sweep``, ``sweep_checkpoints`` and
@@ -423,19 +439,22 @@ def memplan_backend(
     run_ck = check_checkpoint_sets([tuple(run_checkpoint)], model, "memplan_backend", "run_checkpoint")
     rm = check_budgets(sweep_remat, "memplan_backend", "sweep_remat")
     if name == "remat":
-        for arg, given in (("sweep", sw), ("sweep_checkpoints", cks), ("run_checkpoint", run_ck)):
+        for arg, given in (("sweep", sw), ("sweep_checkpoints", cks), ("run_checkpoint", run_ck),
+                           ("whole_region", whole_region)):
             if given:
                 raise ValueError(f"`memplan_backend(solver='remat', {arg}=...)`: {arg} plans use a knapsack "
                                  "solver; with solver='remat' sweep remat budgets with `sweep_remat`.")
     # every sweep option partitions copies of the joint graph and captures them: aot_eager, capture on
     for arg, given, used in (("sweep", sweep, sw), ("sweep_checkpoints", sweep_checkpoints, cks),
-                             ("run_checkpoint", run_checkpoint, run_ck), ("sweep_remat", sweep_remat, rm)):
+                             ("run_checkpoint", run_checkpoint, run_ck), ("sweep_remat", sweep_remat, rm),
+                             ("whole_region", whole_region, whole_region)):
         if used and (kind != "aot_eager" or not capture):
-            raise ValueError(f"`memplan_backend({arg}={tuple(given)!r})` needs inner='aot_eager' and capture=True "
+            shown = given if isinstance(given, bool) else tuple(given)
+            raise ValueError(f"`memplan_backend({arg}={shown!r})` needs inner='aot_eager' and capture=True "
                              f"(got inner={inner!r}, capture={capture!r}).")
     named = cks or run_ck
     names = {str(id(m)): n for n, m in model.named_modules()} if named and model is not None else {}
     check_torch_version()
     return MemplanBackend(budget=b, solver_name=name, solver_fn=fn, inner=kind, capture=capture, sweep=sw,
                           sweep_checkpoints=cks, module_names=names, run_checkpoint=run_ck[0] if run_ck else (),
-                          sweep_remat=rm)
+                          sweep_remat=rm, whole_region=bool(whole_region))

@@ -6,6 +6,7 @@ Units: bytes, unless a field says otherwise. Records are plain data, read after 
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ __all__ = [
     "ScheduleEstimate",
     "cleared",
     "decide",
+    "frame_of",
     "note_remat",
     "record_schedule",
     "record_wrapper",
@@ -177,6 +179,10 @@ class RegionCapture:
     #: ``id``s of the trainable parameters seen at each graph input position, at the compile and
     #: at every call while the backend recorded (see :meth:`gradless_param_ids`).
     param_at: dict[int, set[int]] = field(default_factory=dict)
+    #: Kinds of the Python objects (not tensors) the region's frame mutates, one per object
+    #: (:func:`~lightning_memplan._torch.dynamo.frame_mutations`): a KV cache a block appends to;
+    #: ``None`` when unknown.
+    mutations: tuple[str, ...] | None = None
     #: Wall seconds of the backend call (forward compile) plus inductor's backward compile.
     compile_seconds: float = 0.0
     #: Seconds spent recording inside that time (graph snapshots, inductor schedule estimates).
@@ -204,6 +210,17 @@ def cleared(r: RegionCapture) -> RegionCapture:
     r.fw_graph = r.bw_graph = r.decision = r.knapsack = None
     r._min_cuts, r._solver_called, r.errors = [], False, []
     return r
+
+
+def frame_of(r: RegionCapture, own: RegionCapture) -> RegionCapture:
+    """A copy of ``r`` (a plan partitioned on the joint graph ``own`` was compiled from) with what
+    ``own`` recorded of the frame and the graph's inputs: which inputs are parameters or outputs of
+    earlier calls, the parameters read, the objects the frame mutates. They are the same under
+    every plan of one joint graph; only the compiled region sees them (at its compile and at every
+    recorded call)."""
+    return dataclasses.replace(r, param_inputs=own.param_inputs, chain_inputs=own.chain_inputs,
+                               param_grad_bytes=own.param_grad_bytes, param_grad_max=own.param_grad_max,
+                               param_ids=own.param_ids, param_at=own.param_at, mutations=own.mutations)
 
 
 def note_remat(region: RegionCapture, budget: float, sol: RematSolution) -> None:

@@ -49,6 +49,9 @@ class CompiledStep:
     #: ``{(position j, position i): bytes}`` of outputs that a later call's backward held last
     #: (:attr:`MemplanBackend.early_frees`).
     early: Mapping[tuple[int, int], int]
+    #: ``id``s of the trainable parameters each of those calls read, aligned with ``executions``
+    #: (:attr:`MemplanBackend.call_params`).
+    call_params: tuple[frozenset[int], ...] = ()
 
 
 def _make_loss(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None) -> Callable[..., torch.Tensor]:
@@ -124,6 +127,7 @@ def compile_step(
     t0 = time.perf_counter()
     be.executions.clear()
     be.owners.clear()
+    be.call_params.clear()
     be.early_frees.clear()
     be._position_outputs.clear()
     be.recording = True  # which regions one step runs, and how often
@@ -146,6 +150,7 @@ def compile_step(
                     # the forecast lays out (be.executions)
                     be.executions.clear()
                     be.owners.clear()
+                    be.call_params.clear()
                     be.early_frees.clear()
                     be._position_outputs.clear()
                     _backward_without_hooks(compiled(*inputs), [*params, *inputs])
@@ -154,7 +159,7 @@ def compile_step(
     seconds = time.perf_counter() - t0
     return CompiledStep(model=model, inputs=inputs, optimizer=optimizer, params=tuple(params), step=step,
                         compile_seconds=seconds, fsdp=fsdp, executions=tuple(be.executions),
-                        owners=tuple(be.owners), early=dict(be.early_frees))
+                        owners=tuple(be.owners), early=dict(be.early_frees), call_params=tuple(be.call_params))
 
 
 def _forward_state(model: nn.Module) -> list[tuple[int, str, int]]:

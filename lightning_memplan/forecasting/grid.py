@@ -16,6 +16,8 @@ import torch.nn as nn
 
 from lightning_memplan.forecasting.assemble import PlanCapture, assemble_forecast
 from lightning_memplan.forecasting.backend import memplan_backend
+from lightning_memplan.forecasting.capture import RegionCapture
+from lightning_memplan.forecasting.checkpointed_calls import with_checkpointed_calls
 from lightning_memplan.forecasting.compile_step import compile_step
 from lightning_memplan.forecasting.optim_memory import optimizer_memory
 from lightning_memplan.forecasting.result import Forecast
@@ -92,17 +94,23 @@ def forecast_grid(
     :mod:`lightning_memplan.core.remat`) partitioned on the same joint graph, under the keys
     ``("remat", budget)``; each equals :func:`forecast` with ``solver="remat"`` at that budget.
 
-    ``regional``: submodules compiled on their own (as :func:`forecast`'s). Their checkpointing is
-    not emulated (blocks alike share one graph): forecast it with :func:`forecast_sweep` inside
-    :func:`~lightning_memplan.planner.checkpointing.checkpointed`, one trace per set.
+    ``regional``: submodules compiled on their own (as :func:`forecast`'s). A checkpoint set of
+    them is emulated too: each region's graph is also partitioned with its whole forward
+    checkpointed, and the calls the set's blocks make run that partition
+    (:mod:`~lightning_memplan.forecasting.checkpointed_calls`). A set with a block that makes no
+    compiled call or several, or whose graph mutates Python objects (a KV cache: under
+    checkpointing dynamo runs such a block eagerly), gets a ``"failed"`` forecast saying so
+    (forecast it with :func:`forecast_sweep` inside
+    :func:`~lightning_memplan.planner.checkpointing.checkpointed`). A set may not mix them with
+    other blocks, nor be ``run``.
 
     Returns ``{(checkpoint_set, budget): Forecast}``, sets in the order given, then budgets, then
     ``{("remat", budget): Forecast}`` in the order of ``remat_budgets``.
 
     Raises:
         ValueError: bad arguments (as :func:`forecast`), no budget, a name that is not a submodule,
-            ``solver="remat"`` (give its budgets as ``remat_budgets``), or a checkpoint set that
-            holds a ``regional`` block.
+            ``solver="remat"`` (give its budgets as ``remat_budgets``), a checkpoint set that
+            mixes ``regional`` blocks with others, or ``run`` naming a set of ``regional`` blocks.
         RuntimeError: a torch without the features needed (torch < 2.11).
     """
     return _grid(model, example_inputs, budgets=budgets, checkpoint_sets=checkpoint_sets, solver=solver,
@@ -134,20 +142,25 @@ def _grid(
     inputs = check_step_args(model, example_inputs, loss_fn, optimizer)
     emulated = check_checkpoint_sets(checkpoint_sets, model, call)
     blocks = check_regional(regional, model, call)
-    held = [s for s in emulated if set(s) & set(regional)]
-    if held:
-        raise ValueError(f"`{call}(checkpoint_sets=...)`: {list(held[0])!r} holds blocks compiled on their own "
-                         f"(regional={list(regional)!r}), whose checkpointing the grid cannot emulate (blocks alike "
-                         "share one graph); forecast such a set with `forecast_sweep(..., regional=...)` inside "
-                         "`checkpointed(model, blocks)`.")
+    on_own = {tuple(s) for s in emulated if set(s) & set(regional)}  # sets of blocks compiled on their own
+    mixed = [s for s in on_own if not set(s) <= set(regional)]
+    if mixed:
+        raise ValueError(f"`{call}(checkpoint_sets=...)`: {list(mixed[0])!r} mixes blocks compiled on their own "
+                         f"(regional={list(regional)!r}) with others; the grid emulates a set of either kind, not "
+                         "both: forecast it with `forecast_sweep(..., regional=...)` inside `checkpointed(model, "
+                         "blocks)`.")
     sets = tuple(dict.fromkeys(tuple(s) for s in checkpoint_sets))
     run_ck, run_b = ((), bs[0]) if run is None else (tuple(run[0]), run[1])
-    if run is not None and (run_ck not in sets or run_b not in bs):
+    if run is not None and (run_ck not in sets or run_b not in bs or run_ck in on_own):
         raise ValueError(f"`{call}(run={run!r})` must be one of the plans: a checkpoint set of checkpoint_sets "
-                         f"and a budget of budgets, e.g. ({list(sets[-1])!r}, {bs[0]!r}).")
+                         f"and a budget of budgets, e.g. ({list(sets[-1])!r}, {bs[0]!r}); not a set of blocks "
+                         "compiled on their own (regional).")
     be = memplan_backend(budget=run_b, solver=solver, inner="aot_eager", sweep=bs,  # type: ignore[arg-type]
-                         sweep_checkpoints=emulated, model=model, run_checkpoint=run_ck, sweep_remat=rbs)
+                         sweep_checkpoints=[s for s in emulated if s not in on_own], model=model,
+                         run_checkpoint=run_ck, sweep_remat=rbs, whole_region=bool(on_own))
     compiled = compile_step(be, model, inputs, loss_fn, optimizer, blocks)
+    params = {block: frozenset(id(p) for p in model.get_submodule(block).parameters() if p.requires_grad)
+              for s in on_own for block in s}
 
     out: dict[GridKey, Forecast] = {}
     opt_mem = optimizer_memory(optimizer) if optimizer is not None else None  # the same for every plan
@@ -155,13 +168,21 @@ def _grid(
     plans += [(("remat", b), "remat") for b in rbs]
     for key, name in plans:
         ck, b = key
+        step_run = compiled
         if key == (run_ck, run_b):
             view, regions, run_step = be, be.regions, compiled.step
         else:
-            regions = list(be.remat_regions(b) if ck == "remat" else be.sweep_regions(b, ck))
+            regions = list(be.remat_regions(b) if ck == "remat" else be.sweep_regions(b, () if ck in on_own else ck))
             for i, (r, own) in enumerate(zip(regions, be.regions)):
                 if r.fw_graph is None and not r.errors and own.bw_graph is None and own.decision is None:
                     regions[i] = own  # not partitioned (an inference graph): the same under every plan
+            if ck in on_own:
+                try:
+                    regions, step_run = with_checkpointed_calls(compiled, regions, be.whole_region_regions(b),
+                                                                {block: params[block] for block in ck})
+                except ValueError as err:
+                    regions = [RegionCapture(index=r.index, errors=[f"checkpoint {list(ck)!r} not emulated: {err}"])
+                               for r in regions]
             view = memplan_backend(budget=b, solver=name if name == "remat" else solver,  # type: ignore[arg-type]
                                    inner="aot_eager")
             view.regions = regions
@@ -169,7 +190,7 @@ def _grid(
         plan = PlanCapture(backend=view, regions=regions, inner="aot_eager", budget=b, solver_name=name,
                            step=run_step,
                            extra_seconds=sum(r.compile_seconds for r in regions) if run_step is not compiled.step else 0.0)
-        out[key] = assemble_forecast(compiled, plan, opt_mem=opt_mem, stacklevel=4)
+        out[key] = assemble_forecast(step_run, plan, opt_mem=opt_mem, stacklevel=4)
     return out
 
 

@@ -19,15 +19,20 @@ import torch.fx as fx
 from lightning_memplan._torch.dynamo import lazy_graph_module
 from lightning_memplan._torch.partitioner import functorch_config
 from lightning_memplan.core.remat import RematSolution
-from lightning_memplan.forecasting.capture import RegionCapture, cleared, note_remat
+from lightning_memplan.forecasting.capture import RegionCapture, cleared, frame_of, note_remat
 from lightning_memplan.forecasting.fx import forward_nodes, module_path
 from lightning_memplan.forecasting.solver_adapter import solver_adapter_class
 from lightning_memplan.forecasting.validate import SolverFn
 
-__all__ = ["PlanSweep", "SweepKey", "partition_remat"]
+__all__ = ["WHOLE_REGION", "PlanSweep", "SweepKey", "partition_remat"]
 
 SweepKey = tuple[tuple[str, ...], float]
 """(checkpointed blocks, budget): one plan partitioned in a sweep."""
+
+WHOLE_REGION: tuple[str, ...] = ("<the whole region>",)
+"""The checkpoint set of a sweep plan whose every forward node is tagged: each region's graph
+partitioned as the graph of one checkpointed call (a block compiled on its own, its forward under
+``torch.utils.checkpoint``). Not a submodule name."""
 
 
 def _copy_joint(gm: fx.GraphModule) -> fx.GraphModule:
@@ -73,6 +78,20 @@ def _tag_checkpointed(gm: fx.GraphModule, blocks: Sequence[str], module_names: d
     return tagged
 
 
+def _tag_whole(gm: fx.GraphModule) -> int:
+    """Tag every forward node of ``gm`` as ``torch.utils.checkpoint`` tags the nodes of one
+    checkpointed call under ``torch.compile`` (``PREFER_RECOMPUTE``, one ``ac_graph_id``): the
+    graph of a block compiled on its own, partitioned as if its forward were checkpointed. Returns
+    the nodes tagged."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    nodes = forward_nodes(gm)
+    for node in nodes:
+        node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+        node.meta["ac_graph_id"] = 10_000
+    return len(nodes)
+
+
 def _tag_remat(gm: fx.GraphModule, budget: float, region: RegionCapture,
                bounds: dict[str, Any]) -> RematSolution | None:
     """Tag ``gm`` with the rematerialization plan at ``budget``; on failure the error is recorded
@@ -115,14 +134,16 @@ class PlanSweep:
 
     ``sweep``: further budgets; ``sweep_checkpoints``: checkpoint sets, each partitioned under every
     budget; ``module_names``: ``{str(id(module)): qualified name}`` to find the blocks by;
-    ``sweep_remat``: budgets of whole-graph rematerialization plans. With ``solver_name="remat"``
-    the compiled plan itself is rematerialization at ``budget``.
+    ``whole_region``: each region also partitioned under every budget with its whole forward
+    checkpointed (checkpoint set :data:`WHOLE_REGION`); ``sweep_remat``: budgets of whole-graph
+    rematerialization plans. With ``solver_name="remat"`` the compiled plan itself is
+    rematerialization at ``budget``.
     """
 
     def __init__(self, *, budget: float, solver_name: str, solver_fn: SolverFn,
                  sweep: tuple[float, ...] = (), sweep_checkpoints: tuple[tuple[str, ...], ...] = (),
                  module_names: dict[str, str] | None = None, run_checkpoint: tuple[str, ...] = (),
-                 sweep_remat: tuple[float, ...] = ()) -> None:
+                 sweep_remat: tuple[float, ...] = (), whole_region: bool = False) -> None:
         adapter = solver_adapter_class()
         self.budget = budget
         #: Budgets partitioned besides (or including) ``budget`` on the same joint graph.
@@ -133,7 +154,10 @@ class PlanSweep:
         #: Blocks whose checkpointing is emulated in the plan that is compiled and run (with ``budget``).
         self.run_checkpoint = run_checkpoint
         budgets = tuple(dict.fromkeys((budget, *sweep)))
-        sets = tuple(dict.fromkeys(((), *sweep_checkpoints, run_checkpoint)))
+        #: Whether each region is also partitioned with its whole forward checkpointed (:data:`WHOLE_REGION`).
+        self.whole_region = whole_region
+        whole = [WHOLE_REGION] if whole_region else []
+        sets = tuple(dict.fromkeys(((), *sweep_checkpoints, run_checkpoint, *whole)))
         keys = [(ck, b) for ck in sets for b in budgets if (ck, b) != (run_checkpoint, budget)]
         self._sweep_solvers = {b: adapter(solver_name, solver_fn, b) for b in budgets if keys}
         self._sweep_regions: dict[SweepKey, list[RegionCapture]] = {k: [] for k in keys}
@@ -159,6 +183,8 @@ class PlanSweep:
 
     def regions(self, budget: float, checkpoint: Sequence[str], own: list[RegionCapture]) -> list[RegionCapture]:
         """The captures of the plan (``checkpoint``, ``budget``); ``own`` for the compiled plan.
+        Another plan's are copies carrying what ``own`` recorded of each region's frame and graph
+        inputs (:func:`~lightning_memplan.forecasting.capture.frame_of`).
 
         Raises:
             KeyError: the plan is not in this sweep.
@@ -169,10 +195,11 @@ class PlanSweep:
         if key not in self._sweep_regions:
             raise KeyError(f"plan (budget {budget!r}, checkpoint {tuple(checkpoint)!r}) is not in this backend's "
                            f"sweep (budgets {self.sweep!r}, checkpoint sets {self.sweep_checkpoints!r})")
-        return self._sweep_regions[key]
+        return [frame_of(r, o) for r, o in zip(self._sweep_regions[key], own)]
 
     def remat_regions(self, budget: float, own: list[RegionCapture]) -> list[RegionCapture]:
-        """The captures of the rematerialization plan at ``budget``; ``own`` for the compiled plan.
+        """The captures of the rematerialization plan at ``budget``; ``own`` for the compiled plan
+        (another's as :meth:`regions`).
 
         Raises:
             KeyError: the plan is not in this sweep.
@@ -181,7 +208,7 @@ class PlanSweep:
             return own
         if budget not in self._remat_regions:
             raise KeyError(f"remat plan (budget {budget!r}) is not in this backend's sweep_remat {self.sweep_remat!r}")
-        return self._remat_regions[budget]
+        return [frame_of(r, o) for r, o in zip(self._remat_regions[budget], own)]
 
     def partition_fn(self, region: RegionCapture, partition: Callable[..., Any]) -> Callable[..., Any]:
         """The partition function for compiled region ``region``: ``partition`` (torch's min-cut
@@ -198,7 +225,11 @@ class PlanSweep:
                 r = cleared(self._sweep_regions[key][region.index])
                 try:
                     copies[key] = gm = _copy_joint(joint)
-                    if key[0] and not _tag_checkpointed(gm, key[0], self._module_names):
+                    if key[0] == WHOLE_REGION:
+                        if not _tag_whole(gm):
+                            del copies[key]
+                            r.errors.append("whole-region checkpoint: the joint graph has no forward node")
+                    elif key[0] and not _tag_checkpointed(gm, key[0], self._module_names):
                         del copies[key]
                         r.errors.append(f"sweep checkpoint {key[0]!r}: no forward node was traced inside "
                                         "these blocks (no nn_module_stack names them)")

@@ -151,8 +151,10 @@ def search(
     the candidates can be judged again without compiling (:func:`rejudge`).
     ``regional``: submodules compiled on their own in every candidate (see
     :func:`~lightning_memplan.forecast`): the partitions, one per distinct block graph, do not grow
-    with the number of blocks; a checkpoint set holding some of them is forecast with its blocks
-    really wrapped, one trace per set.
+    with the number of blocks; a checkpoint set of them is emulated on the same trace, each block
+    graph also partitioned with its forward checkpointed
+    (:func:`~lightning_memplan.forecasting.grid.forecast_grid`); a set the emulation cannot forecast,
+    or one that mixes them with other blocks, is traced with its blocks really wrapped.
     ``time_limit``: seconds (wall clock, from the call) after which no new trace or compile starts
     once one candidate has a forecast; the candidates not forecast by then get the note
     :data:`OUT_OF_TIME` and the plan is chosen among the others (``None``: no limit). A trace
@@ -193,11 +195,15 @@ def search(
     grid: dict[Any, Any] = {}
     sweepable = backend in ("aot_eager", "aot_eager_decomp_partition") and bool(budgets)
     regional = tuple(regional)
-    emulable = [ck for ck in sets if not set(ck) & set(regional)]  # the grid cannot tag a shared block graph
+    # the grid emulates a set of blocks of the whole graph, or of blocks compiled on their own: not both
+    emulable = [ck for ck in sets if not set(ck) & set(regional) or set(ck) <= set(regional)]
+    whole_graph = [ck for ck in emulable if not set(ck) & set(regional)] or [()]
     if sweepable and emulable:
-        # its one real forward and backward runs the most checkpointed plan (regional: the least
-        # budget): the search must not run out of memory where the unplanned model would
-        frugal = (max(emulable, key=len), float(min(budgets) if regional else budgets[0]))
+        # its one real forward and backward runs the most checkpointed plan of the whole graph
+        # (regional: the least budget): the search must not run out of memory where the unplanned
+        # model would
+        frugal = (max(whole_graph, key=len), float(min(budgets) if regional else budgets[0]))
+        emulable = list(dict.fromkeys([*emulable, frugal[0]]))
         try:
             # a plan the grid could not forecast (status not "ok": e.g. blocks whose nodes no region
             # names, as when dynamo compiles each FSDP2 block on its own) is forecast again below,

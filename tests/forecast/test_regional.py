@@ -74,6 +74,91 @@ def test_checkpointed_regional_blocks_compile_checkpointed() -> None:
     assert measured == pytest.approx(fc.peak_bytes, rel=0.01)
 
 
+def test_checkpoint_sets_of_regional_blocks_are_emulated_on_one_trace_as_the_wrapped_blocks_forecast() -> None:
+    """Every second block, and every block, checkpointed: the grid partitions the shared block graph
+    once more with its forward checkpointed and runs it for those blocks' calls; each plan's peak
+    and FLOPs equal those of a trace with the blocks really wrapped (which compiles the block graph
+    twice, checkpointed and plain)."""
+    from lightning_memplan.planner.search import forecast_flops
+
+    model, x = _model(4)
+    names = _names(4)
+    sets = [(), names[1::2], names]
+    grid = forecast_grid(model, (x,), budgets=(1.0, 0.3), checkpoint_sets=sets, regional=names, run=((), 0.3))
+    for ck in sets[1:]:
+        with checkpointed(model, ck):
+            wrapped = forecast_sweep(model, (x,), budgets=(1.0, 0.3), regional=names)
+        for b in (1.0, 0.3):
+            emulated = grid[(ck, b)]
+            assert emulated.status == "ok", emulated.problems
+            assert (emulated.peak_bytes, forecast_flops(emulated)) == (wrapped[b].peak_bytes,
+                                                                       forecast_flops(wrapped[b])), (ck, b)
+            assert sorted(r.calls for r in emulated.regions) == sorted(r.calls for r in wrapped[b].regions)
+    assert grid[(names, 0.3)].peak_bytes < grid[((), 0.3)].peak_bytes
+
+
+class _Broken(nn.Module):
+    """A block whose graph breaks in the middle: dynamo compiles its two halves."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.a, self.b = Block(dim), Block(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(x)
+
+
+def test_a_regional_block_whose_graph_breaks_is_not_emulated_and_says_why() -> None:
+    torch.manual_seed(0)
+    model, x = Stack([_Broken(), _Broken()]), torch.randint(0, 128, (8, 64))
+    with pytest.warns(RuntimeWarning, match="blocks.1' made 2 compiled calls in the step, not one"):
+        grid = forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), ("blocks.1",)], regional=_names(2))
+    assert grid[((), 1.0)].status == "ok"
+    assert grid[(("blocks.1",), 1.0)].status == "failed"
+
+
+class _Memo:
+    """A Python object a block writes to, as a KV cache is."""
+
+    last: torch.Tensor | None = None
+
+
+class _Remembering(Block):
+    def __init__(self, memo: _Memo, dim: int = 32) -> None:
+        super().__init__(dim)
+        self.memo = memo
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.memo.last = x.detach()
+        return super().forward(x)
+
+
+def test_a_regional_block_that_mutates_an_object_is_not_emulated_and_says_why() -> None:
+    """Under torch.utils.checkpoint dynamo cannot keep the write in the checkpointed graph and
+    runs the block eagerly, so the emulation (which would plan it) is not used."""
+    torch.manual_seed(0)
+    memo = _Memo()
+    model, x = Stack([_Remembering(memo), _Remembering(memo)]), torch.randint(0, 128, (8, 64))
+    with pytest.warns(RuntimeWarning, match=r"the graph of block 'blocks.0' mutates Python objects "
+                                            r"\(UserDefinedObjectVariable"):
+        grid = forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), _names(2)], regional=_names(2))
+    assert grid[((), 1.0)].status == "ok"
+    assert grid[(_names(2), 1.0)].status == "failed"
+
+
+def test_every_plan_of_a_regional_sweep_is_forecast_as_its_own_compile() -> None:
+    """The plans partitioned beside the one run (budget 0.3 here) know which graph inputs are
+    parameters and which are the previous block's outputs, as the compiled plan does: a
+    checkpointed block keeps its input to recompute from."""
+    model, x = _model(4)
+    with checkpointed(model, ("blocks.1", "blocks.3")):
+        sweep = forecast_sweep(model, (x,), budgets=(1.0, 0.3), regional=_names(4))
+        own = forecast(model, (x,), budget=0.3, backend="aot_eager", regional=_names(4))
+    assert sweep[0.3].peak_bytes == own.peak_bytes
+
+
 def test_blocks_of_another_width_compile_graphs_of_their_own() -> None:
     torch.manual_seed(0)
     model = Stack([Block(32), nn.Sequential(_Widen(32, 64), Block(64), _Widen(64, 32)), Block(32)])
@@ -92,8 +177,12 @@ def test_bad_regional_names_are_named() -> None:
         forecast(model, (x,), regional="0")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"\['blocks.9'\] are not submodules"):
         forecast(model, (x,), regional=("blocks.9",))
-    with pytest.raises(ValueError, match=r"holds blocks compiled on their own"):
-        forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), ("blocks.1",)], regional=_names(2))
+    with pytest.raises(ValueError, match=r"\['blocks.1', 'stem'\] mixes blocks compiled on their own"):
+        forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), ("blocks.1", "stem")], regional=_names(2))
+    with pytest.raises(ValueError, match=r"run=\(\('blocks.1',\), 1.0\)\)` must be one of the plans.*not a set of "
+                                         r"blocks compiled on their own"):
+        forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), ("blocks.1",)], regional=_names(2),
+                      run=(("blocks.1",), 1.0))
 
 
 def test_regional_without_repeated_blocks_is_said_and_compiles_whole() -> None:
