@@ -50,6 +50,33 @@ class TinyNet(LightningModule):
         return DataLoader(TensorDataset(x, x[:, :1].clone()), batch_size=self._batch)
 
 
+class _Cache:
+    """A Python object blocks write to, as transformers' layers fill a KV cache."""
+
+    last: torch.Tensor | None = None
+
+
+class _CachingBlock(Block):
+    def __init__(self, width: int, cache: _Cache) -> None:
+        super().__init__(width)
+        self.cache = cache
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.cache.last = x.detach()
+        return super().forward(x)
+
+
+class CachingNet(TinyNet):
+    """:class:`TinyNet` whose blocks write their input to one shared Python object: dynamo runs such
+    a block eagerly under ``torch.utils.checkpoint``, so a search cannot emulate its checkpointing
+    and traces each checkpoint set with the blocks really wrapped."""
+
+    def __init__(self, width: int = 32, depth: int = 3) -> None:
+        super().__init__(width=width, depth=depth)
+        cache = _Cache()
+        self.blocks = nn.ModuleList([_CachingBlock(width, cache) for _ in range(depth)])
+
+
 class Wrapper(LightningModule):
     """The common layout: the network is an attribute, and training_step calls ``self.model(x)``."""
 

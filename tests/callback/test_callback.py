@@ -19,6 +19,7 @@ from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS, OUT_OF_TIME
 
 from .models import (
     BytesIn,
+    CachingNet,
     EagerMiddle,
     FrozenStem,
     HeadOutside,
@@ -933,15 +934,15 @@ def test_a_regional_plan_whose_head_compiles_on_its_own_counts_the_logits_once(t
 
 
 def test_a_search_past_its_time_limit_plans_with_what_it_forecast_and_says_so(tmp_path: Path) -> None:
-    """``search_time_limit``: a regional search traces each checkpoint set holding blocks with
-    those blocks really wrapped. Past the limit (here at once) no such trace starts: the plan is
-    chosen among the candidates forecast by then, the user is told how many were left out, and
-    the fit trains with it."""
+    """``search_time_limit``: a regional search traces each checkpoint set of blocks that write to
+    a Python object (a KV cache) with those blocks really wrapped. Past the limit (here at once) no
+    such trace starts: the plan is chosen among the candidates forecast by then, the user is told
+    how many were left out, and the fit trains with it."""
     cb = MemPlanCallback("auto", backend="aot_eager", regional=True, search_time_limit=1e-6)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = _trainer(tmp_path, cb, epochs=1)
-        trainer.fit(TinyNet())
+        trainer.fit(CachingNet())
     said = [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)]
     late = [m for m in said if "stopped at search_time_limit=1e-06 s" in m]
     assert len(late) == 1 and "were not forecast" in late[0], said
