@@ -1,9 +1,8 @@
 """``torch.compile`` and dynamo: compile options, dynamo's settings, lazily generated graph modules.
 
 Every function reads torch when called. A missing optional setting gives its default (``{}``, 8,
-True, a plain ``GraphModule``), never an error; :func:`force_disable_caches_patch` raises the
-:class:`RuntimeError` of :func:`~lightning_memplan._torch.version.require` when
-``torch.compiler.config`` is missing, and its patch is restored on exit.
+True, a plain ``GraphModule``) or is left alone (:func:`graph_caches_off_patch`), never an error;
+every patch is restored on exit.
 """
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ _R = TypeVar("_R")
 __all__ = [
     "breaking_call",
     "dynamo_allows_rnn",
-    "force_disable_caches_patch",
     "frame_mutations",
+    "graph_caches_off_patch",
     "isolated_compile_kwargs",
     "lazy_graph_module",
     "recompile_limit",
@@ -77,10 +76,23 @@ def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.
     return cls(root, graph)
 
 
-def force_disable_caches_patch() -> contextlib.AbstractContextManager[Any]:
-    """``torch.compiler.config.patch(force_disable_caches=True)`` (scoped; restored on exit)."""
-    cfg = require("torch.compiler", "config")
-    return cfg.patch(force_disable_caches=True)
+def graph_caches_off_patch() -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd's cache and inductor's FX-graph cache off, local and remote (scoped; restored on
+    exit): every compile partitions its joint graph and generates its code anew, under the
+    backend's budget and probes, never reusing an entry made under another plan. Inductor's kernel
+    cache stays on (``force_disable_caches`` would compile every kernel again in a fresh directory):
+    a kernel is keyed by its source, so loading one compiled before changes no plan and no capture.
+    Settings this torch does not have are left alone."""
+    import importlib
+
+    stack = contextlib.ExitStack()
+    for module, keys in (("torch._functorch.config", ("enable_autograd_cache", "enable_remote_autograd_cache")),
+                         ("torch._inductor.config", ("fx_graph_cache", "fx_graph_remote_cache"))):
+        config = importlib.import_module(module)
+        present = {k: False for k in keys if hasattr(config, k)}
+        if present:
+            stack.enter_context(config.patch(**present))
+    return stack
 
 
 def resuming_nested_graph_breaks(compiled: Callable[..., _R]) -> Callable[..., _R]:

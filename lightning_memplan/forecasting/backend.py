@@ -9,8 +9,9 @@ one model only, and records what the partitioner decided and which graphs it pro
 
 Scope: ``activation_memory_budget`` and ``activation_memory_budget_solver`` are patched with
 ``torch._functorch.config.patch`` *inside* the backend call (compilation is lazy: it happens at the
-first forward), together with ``torch.compiler.config.force_disable_caches`` so that no AOTAutograd or
-FX-graph cache entry made under another budget is reused. Nothing stays changed afterwards.
+first forward), together with AOTAutograd's and inductor's FX-graph caches off, so that no entry
+made under another budget is reused (inductor's kernel cache stays on:
+:func:`~lightning_memplan._torch.dynamo.graph_caches_off_patch`). Nothing stays changed afterwards.
 
 Regions: dynamo calls the backend once per compiled region (a graph break makes several); each call
 appends one :class:`RegionCapture` to ``backend.regions``, in call order.
@@ -34,7 +35,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from lightning_memplan._torch.dynamo import force_disable_caches_patch, frame_mutations, lazy_graph_module
+from lightning_memplan._torch.dynamo import frame_mutations, graph_caches_off_patch, lazy_graph_module
 from lightning_memplan._torch.inductor import (
     compile_fx,
     compile_fx_inner,
@@ -232,7 +233,7 @@ class MemplanBackend:
             stack.enter_context(fconfig.patch(activation_memory_budget=1.0 if self.remat else self.budget,
                                               activation_memory_budget_solver=self._solver,
                                               **opaque_handles_patch()))
-            stack.enter_context(force_disable_caches_patch())
+            stack.enter_context(graph_caches_off_patch())
             stack.enter_context(random_ops_saved())  # a recomputed dropout would draw another mask
             stack.enter_context(stand_in_outputs_not_donated())  # they are the user's outputs
             stack.enter_context(self._probes(region))
@@ -349,7 +350,7 @@ class MemplanBackend:
             region.capture_seconds += time.perf_counter() - t0
             with contextlib.ExitStack() as stack:
                 # the backward compiles lazily, outside the backend call: scope caches again
-                stack.enter_context(force_disable_caches_patch())
+                stack.enter_context(graph_caches_off_patch())
                 if capture:
                     try:
                         stack.enter_context(probe_inductor_schedule(functools.partial(record_schedule, region)))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,17 +125,37 @@ def test_caches_never_reuse_a_plan_of_another_budget() -> None:
     assert saved_bytes(lo) < saved_bytes(hi) == saved_bytes(again)
 
 
+def test_a_plan_compiled_again_under_inductor_loads_its_kernels_instead_of_compiling_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second inductor compile of the same plan partitions and generates code again (its
+    captures are made anew) but compiles no kernel: inductor's kernel cache, keyed by the kernels'
+    source, stays on while the graph caches are off (``force_disable_caches`` compiled every kernel
+    again, in a fresh directory per compile)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    kernels = lambda: sorted(p.name for p in tmp_path.rglob("*.so"))  # noqa: E731
+    x = torch.randn(32, 64)
+    first = run(memplan_backend(budget=0.5, inner="inductor"), make_mlp(width=64, depth=2), x)
+    built = kernels()
+    again = run(memplan_backend(budget=0.5, inner="inductor"), make_mlp(width=64, depth=2), x)
+    assert built and kernels() == built
+    assert again.regions[0].bw_schedule is not None and again.regions[0].decision is not None
+    assert saved_bytes(again) == saved_bytes(first)
+
+
 def test_global_state_restored() -> None:
     fconfig = importlib.import_module("torch._functorch.config")
     partitioners = importlib.import_module("torch._functorch.partitioners")
     imem = importlib.import_module("torch._inductor.memory")
+    iconfig = importlib.import_module("torch._inductor.config")
     before = (fconfig.activation_memory_budget, fconfig.activation_memory_budget_solver,
               torch.compiler.config.force_disable_caches, partitioners.solve_min_cut,
-              partitioners.choose_saved_values_set, imem.reorder_for_peak_memory)
+              partitioners.choose_saved_values_set, imem.reorder_for_peak_memory,
+              fconfig.enable_autograd_cache, iconfig.fx_graph_cache)
     run(memplan_backend(budget=0.3, inner="aot_eager"))
     after = (fconfig.activation_memory_budget, fconfig.activation_memory_budget_solver,
              torch.compiler.config.force_disable_caches, partitioners.solve_min_cut,
-             partitioners.choose_saved_values_set, imem.reorder_for_peak_memory)
+             partitioners.choose_saved_values_set, imem.reorder_for_peak_memory,
+             fconfig.enable_autograd_cache, iconfig.fx_graph_cache)
     assert after == before
 
 
