@@ -28,9 +28,9 @@ def with_checkpointed_calls(run: CompiledStep, plain: Sequence[RegionCapture], w
     regions partitioned with their whole forward checkpointed, at the same budget; ``blocks``:
     ``{qualified name: ids of its trainable parameters}``. Each call ``run`` recorded whose
     parameters all belong to one of ``blocks`` runs a copy of its region's ``whole`` capture,
-    appended after ``plain`` (one per region, whatever the number of calls; ``index`` = its
-    position); the other calls are unchanged, and a region of ``plain`` no call runs any more is
-    left out. The positions of the calls are kept, so ``run.early`` and ``run.owners`` still apply.
+    appended after ``plain`` (one per region, whatever the number of calls, its ``index`` numbered
+    on from ``plain``'s); the other calls are unchanged, and a region of ``plain`` no call runs any
+    more is left out. The positions of the calls are kept, so ``run.early`` and ``run.owners`` still apply.
 
     Raises:
         ValueError: the run recorded no parameters per call; a block made no compiled call or
