@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -85,3 +87,32 @@ def pytest_terminal_summary(terminalreporter: object) -> None:
     if _LANE_TIMES:
         lanes = ", ".join(f"{lane} {end - start:.0f} s" for lane, (start, end) in _LANE_TIMES.items())
         terminalreporter.write_line(f"lanes: {lanes}")  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def emulated_as_wrapped() -> Callable[..., None]:
+    """``check(model, inputs, sets, budgets, regional)``: asserts that :func:`forecast_grid`, from
+    its one trace, forecasts every checkpoint set of ``sets`` (blocks of ``regional``, compiled on
+    their own) at every budget as a trace with those blocks really wrapped does: the same peak and
+    FLOPs, and as many calls of each graph."""
+
+    def check(model: Any, inputs: tuple[Any, ...], sets: Sequence[tuple[str, ...]], budgets: tuple[float, ...],
+              regional: Sequence[str]) -> dict[Any, Any]:
+        from lightning_memplan.forecasting.grid import forecast_grid, forecast_sweep
+        from lightning_memplan.planner.checkpointing import checkpointed
+        from lightning_memplan.planner.search import forecast_flops
+
+        grid = forecast_grid(model, inputs, budgets=budgets, checkpoint_sets=[(), *sets], regional=regional,
+                             run=((), budgets[-1]))
+        for ck in sets:
+            with checkpointed(model, ck):
+                wrapped = forecast_sweep(model, inputs, budgets=budgets, regional=regional)
+            for b in budgets:
+                emulated = grid[(ck, b)]
+                assert emulated.status == "ok", emulated.problems
+                assert (emulated.peak_bytes, forecast_flops(emulated)) == (wrapped[b].peak_bytes,
+                                                                           forecast_flops(wrapped[b])), (ck, b)
+                assert sorted(r.calls for r in emulated.regions) == sorted(r.calls for r in wrapped[b].regions)
+        return grid
+
+    return check

@@ -2,6 +2,9 @@
 sharing one graph whose partitions do not grow with depth; forecasts equal the measured step."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 import torch.nn as nn
@@ -74,26 +77,15 @@ def test_checkpointed_regional_blocks_compile_checkpointed() -> None:
     assert measured == pytest.approx(fc.peak_bytes, rel=0.01)
 
 
-def test_checkpoint_sets_of_regional_blocks_are_emulated_on_one_trace_as_the_wrapped_blocks_forecast() -> None:
+def test_checkpoint_sets_of_regional_blocks_are_emulated_on_one_trace_as_the_wrapped_blocks_forecast(
+        emulated_as_wrapped: Callable[..., Any]) -> None:
     """Every second block, and every block, checkpointed: the grid partitions the shared block graph
     once more with its forward checkpointed and runs it for those blocks' calls; each plan's peak
     and FLOPs equal those of a trace with the blocks really wrapped (which compiles the block graph
     twice, checkpointed and plain)."""
-    from lightning_memplan.planner.search import forecast_flops
-
     model, x = _model(4)
     names = _names(4)
-    sets = [(), names[1::2], names]
-    grid = forecast_grid(model, (x,), budgets=(1.0, 0.3), checkpoint_sets=sets, regional=names, run=((), 0.3))
-    for ck in sets[1:]:
-        with checkpointed(model, ck):
-            wrapped = forecast_sweep(model, (x,), budgets=(1.0, 0.3), regional=names)
-        for b in (1.0, 0.3):
-            emulated = grid[(ck, b)]
-            assert emulated.status == "ok", emulated.problems
-            assert (emulated.peak_bytes, forecast_flops(emulated)) == (wrapped[b].peak_bytes,
-                                                                       forecast_flops(wrapped[b])), (ck, b)
-            assert sorted(r.calls for r in emulated.regions) == sorted(r.calls for r in wrapped[b].regions)
+    grid = emulated_as_wrapped(model, (x,), [names[1::2], names], (1.0, 0.3), names)
     assert grid[(names, 0.3)].peak_bytes < grid[((), 0.3)].peak_bytes
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -190,3 +192,20 @@ def test_a_regional_plan_of_a_real_model_compiles_each_layer_on_its_own_and_is_f
     assert not [w for w in seen if "under activation checkpointing" in str(w.message)], said
     errors = _errors(trainer)
     assert len(errors) == 2 and all(abs(e) <= 0.03 for e in errors), (errors, said)
+
+
+def test_checkpoint_sets_of_a_real_models_regional_layers_are_forecast_from_one_trace_as_really_wrapped(
+        emulated_as_wrapped: Callable[..., Any]) -> None:
+    """BERT (masked LM), its layers compiled each on its own and sharing one graph: the grid's one
+    trace forecasts the second layer, and both layers, checkpointed exactly as a trace with those
+    layers really wrapped does (peak and FLOPs). Dropout off: the step is the same each call."""
+    torch.manual_seed(0)
+    lm = ZOO["bert_mlm"][0]()
+    for m in lm.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    model = _Logits(lm).train()
+    layers = tuple(f"lm.{b}" for b in repeated_blocks(lm))
+    assert len(layers) == 2, layers
+    grid = emulated_as_wrapped(model, (torch.randint(0, 512, (4, 32)),), [layers[1:], layers], (1.0, 0.3), layers)
+    assert grid[(layers, 1.0)].peak_bytes < grid[((), 1.0)].peak_bytes
