@@ -154,9 +154,7 @@ class PlanSweep:
         #: Blocks whose checkpointing is emulated in the plan that is compiled and run (with ``budget``).
         self.run_checkpoint = run_checkpoint
         budgets = tuple(dict.fromkeys((budget, *sweep)))
-        #: Whether each region is also partitioned with its whole forward checkpointed (:data:`WHOLE_REGION`).
-        self.whole_region = whole_region
-        whole = [WHOLE_REGION] if whole_region else []
+        whole = [WHOLE_REGION] if whole_region else []  # each region also with its whole forward checkpointed
         sets = tuple(dict.fromkeys(((), *sweep_checkpoints, run_checkpoint, *whole)))
         keys = [(ck, b) for ck in sets for b in budgets if (ck, b) != (run_checkpoint, budget)]
         self._sweep_solvers = {b: adapter(solver_name, solver_fn, b) for b in budgets if keys}
