@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -205,7 +205,8 @@ def _take(pool: list[int], live: dict[int, AllocEvent], nbytes: int, device: str
 
 
 def stitch_step(
-    regions: Sequence[RegionTrace], optimizer: Sequence[AllocEvent] | None = None
+    regions: Sequence[RegionTrace], optimizer: Sequence[AllocEvent] | None = None,
+    forward_freed: Mapping[int, Mapping[int, int]] | None = None, fresh: Sequence[int] = (),
 ) -> StepAllocations:
     """One training step's events with global (int) keys, laid out as the forecast's timeline.
 
@@ -220,6 +221,12 @@ def stitch_step(
     incoming gradient matches was consumed by uncompiled code between the two regions: it dies when
     the backward starts, as long as the blocks taken over stay within the smaller of the incoming
     gradients' bytes and the returned activations' gradients' (``param_gradients`` excluded).
+    ``forward_freed[j]``: ``{i: bytes}`` of region ``i``'s outputs the eager code after region
+    ``j``'s forward dropped (as :func:`~lightning_memplan.forecasting.layout.lay_out` takes it): its
+    outputs, largest first, up to those bytes, are freed there.
+    ``fresh[j]``: bytes made just before region ``j``'s forward (as ``inputs`` of ``lay_out``),
+    freed after its backward, or after the last forward when its backward keeps none of its
+    activation inputs.
     Everything still live at the end is freed. ``regions`` are in the order the step runs them, once
     per call.
 
@@ -264,16 +271,36 @@ def stitch_step(
 
     fw_results: list[dict[Hashable, int]] = []
     matched: dict[int, dict[Hashable, int | None]] = {}  # regions whose outputs died early
+    left: dict[int, list[int]] = {}  # of those, the outputs not freed yet
+    glue_keys: dict[int, int] = {}  # region -> the key of its fresh bytes
     for j, r in enumerate(regions):
+        if j < len(fresh) and fresh[j]:
+            device = next((e.device for e in (*r.forward.inputs, *r.forward.events)), "cuda")
+            glue_keys[j] = alloc(AllocEvent("alloc", None, fresh[j], device))
         mapping: dict[Hashable, int] = {e.key: alloc(e) for e in r.forward.inputs}
         run(r.forward.events, mapping)
         fw_results.append(mapping)
         prev = regions[j - 1] if j else None
         if prev is not None and prev.backward is not None and not r.keeps_inputs:
             # this backward keeps none of its activation inputs: the previous outputs die now
-            matched[j - 1], outputs = saved_of(prev, fw_results[j - 1])
-            _free_all(out, live, outputs)
+            if j - 1 not in matched:
+                matched[j - 1], left[j - 1] = saved_of(prev, fw_results[j - 1])
+            _free_all(out, live, left[j - 1])
+            left[j - 1] = []
+        for i, nbytes in (forward_freed or {}).get(j, {}).items():
+            if i > j or regions[i].backward is None:
+                continue
+            if i not in matched:
+                matched[i], left[i] = saved_of(regions[i], fw_results[i])
+            for g in sorted(left[i], key=lambda g: -live[g].nbytes if g in live else 0):
+                if g in live and live[g].nbytes <= nbytes:
+                    nbytes -= live[g].nbytes
+                    left[i].remove(g)
+                    _free_all(out, live, (g,))
 
+    for j, r in enumerate(regions):
+        if j in glue_keys and not r.keeps_inputs:  # only the eager code referred to them: gone before the backward
+            _free_all(out, live, (glue_keys.pop(j),))
     grads: list[int] = []  # every gradient still live
     returned: list[int] = []  # what the previous backward returned
     returned_params = 0  # bytes of it that are parameters' gradients
@@ -285,7 +312,7 @@ def stitch_step(
             continue
         mapping = {}
         k = len(regions) - 1 - i
-        found, unmatched = (matched[k], []) if k in matched else saved_of(r, results)
+        found, unmatched = (matched[k], left[k]) if k in matched else saved_of(r, results)
         tangents = [e for e in bw.inputs if e.key in bw.tangent_keys]
         # the bytes of the previous backward's results this one takes over (as the timeline does)
         handed = 0 if last else min(sum(e.nbytes for e in tangents),
@@ -318,6 +345,8 @@ def stitch_step(
         returned = [g for g in mapping.values() if g in live and g in made]
         returned_params = r.param_gradients
         grads += returned
+        if k in glue_keys:  # what the eager code made before this forward dies after its backward
+            _free_all(out, live, (glue_keys.pop(k),))
         if r.grad_copy:
             tmp = alloc(AllocEvent("alloc", None, r.grad_copy, _device_of(returned, live)))
             _free_all(out, live, (tmp,))

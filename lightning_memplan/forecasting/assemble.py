@@ -74,7 +74,8 @@ def assemble_forecast(run: CompiledStep, plan: PlanCapture, *, opt_mem: Optimize
     Regions are laid out once per call ``run.executions`` records (empty: each region once, in
     compile order); under FSDP2 (``run.fsdp``) the units' buffers are laid in at the calls that ran
     inside them (``run.owners``; :func:`~lightning_memplan.core.fsdp_memory.fsdp_step_events`), and
-    outputs a later call's backward held last (``run.early``) die there. ``opt_mem``: the
+    outputs a later call's backward held last (``run.early``) die there, and those the eager code
+    between calls dropped (``run.forward_frees``) die after the call before. ``opt_mem``: the
     optimizer's memory when already predicted (else predicted here from ``run.optimizer``).
     ``stacklevel``: of the ``RuntimeWarning`` issued when the forecast is not ``"ok"``.
     """
@@ -126,21 +127,27 @@ def assemble_forecast(run: CompiledStep, plan: PlanCapture, *, opt_mem: Optimize
     requested: int | None = None
     overlay: dict[Point, list[FsdpEvent]] = {}
     run_early: dict[int, dict[int, int]] = {}
+    run_forward: dict[int, dict[int, int]] = {}
+    run_glue: tuple[int, ...] = ()
     if region_plans:
         order = run_order(region_plans, run.executions)
         device = run.params[0].device.type if run.params else "cpu"
         if run.fsdp is not None:
             overlay = _fsdp_overlay(run.fsdp, region_plans, run.executions, run.owners, device, problems)
         run_early = _run_early(region_plans, run.executions, run.early) if run.executions else {}
+        run_forward = _run_early(region_plans, run.executions, run.forward_frees) if run.executions else {}
+        run_glue = _run_glue(region_plans, run.executions, run.glue) if run.executions else ()
         if run.fsdp is not None and overlay and not run_early:
             run_early = _fsdp_unit_chain_early(run.fsdp, order, run.executions, run.owners)
-        timeline, peak, (acts, grads, temps, fsdp_bytes) = lay_out(order, opt_mem, overlay=overlay, early=run_early)
+        timeline, peak, (acts, grads, temps, fsdp_bytes) = lay_out(order, opt_mem, overlay=overlay, early=run_early,
+                                                                   forward_freed=run_forward, inputs=run_glue)
         requested = peak
         breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps,
                                     fsdp_buffers=fsdp_bytes)
         # the allocation stream does not model outputs dying in a later backward (run_early): where
         # that lowers the peak, the two disagree and the allocator model is not run
-        allocations = None if overlay else _allocations(order, opt_mem, [s for v in storages.values() for s in v])
+        allocations = None if overlay else _allocations(order, opt_mem, [s for v in storages.values() for s in v], run_forward,
+                                                       run_glue)
         consistent = allocations is not None and allocations.requested_peak_bytes == requested
         if allocations is not None and not consistent:
             problems.append(f"the step's allocations peak at {allocations.requested_peak_bytes} bytes, the "
@@ -166,20 +173,23 @@ def assemble_forecast(run: CompiledStep, plan: PlanCapture, *, opt_mem: Optimize
         problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
         compile_seconds=run.compile_seconds, overhead_seconds=overhead, _step=plan.step, _backend=plan.backend,
         _parts=StepParts(plans=tuple(region_plans), executions=run.executions, optimizer=opt_mem, overlay=overlay,
-                         early=run_early),
+                         early=run_early, forward_freed=run_forward, glue=run_glue),
     )
 
 
-def _allocations(plans: list[RegionPlan], opt: OptimizerMemory | None,
-                 baseline: list[tuple[int, str]]) -> StepAllocations | None:
+def _allocations(plans: list[RegionPlan], opt: OptimizerMemory | None, baseline: list[tuple[int, str]],
+                 forward_freed: Mapping[int, Mapping[int, int]], glue: Sequence[int]) -> StepAllocations | None:
     """The step's allocations (``plans`` in run order, ``baseline``: (bytes, device) of the storages
-    live before the step), stitched as :func:`~lightning_memplan.forecasting.layout.lay_out` lays the
-    timeline out; ``None`` when a region has no per-storage trace."""
+    live before the step; ``forward_freed``: outputs dropped in the forward, ``glue``: bytes the
+    eager code made before each forward, by run position),
+    stitched as :func:`~lightning_memplan.forecasting.layout.lay_out` lays the timeline out;
+    ``None`` when a region has no per-storage trace."""
     if any(p.trace is None for p in plans):
         return None
     existing = opt is not None and opt.state_source == "existing"
     state = opt.state_storages if opt is not None else ()
-    step = stitch_step([p.trace for p in plans if p.trace is not None], opt.step_events if opt is not None else None)
+    step = stitch_step([p.trace for p in plans if p.trace is not None], opt.step_events if opt is not None else None,
+                       forward_freed, glue)
     return dataclasses.replace(step, baseline=(*baseline, *(state if existing else ())),
                                new_state=() if existing else state)
 
@@ -207,9 +217,10 @@ def _fsdp_overlay(fsdp: Fsdp2Units, plans: list[RegionPlan], executions: Sequenc
 
 def _run_early(plans: Sequence[RegionPlan], executions: Sequence[int],
                early: Mapping[tuple[int, int], int]) -> dict[int, dict[int, int]]:
-    """The backend's :attr:`~lightning_memplan.forecasting.backend.MemplanBackend.early_frees` (keyed by
-    positions in ``executions``) by position in :func:`~lightning_memplan.forecasting.layout.run_order`'s
-    run: consumer -> {producer: bytes}."""
+    """The backend's :attr:`~lightning_memplan.forecasting.backend.MemplanBackend.early_frees` or
+    :attr:`~lightning_memplan.forecasting.backend.MemplanBackend.forward_frees` (keyed by positions in
+    ``executions``) by position in :func:`~lightning_memplan.forecasting.layout.run_order`'s run:
+    where they die -> {producer: bytes}."""
     indices = {p.index for p in plans}
     run_pos: dict[int, int] = {}
     for k, i in enumerate(executions):
@@ -220,6 +231,18 @@ def _run_early(plans: Sequence[RegionPlan], executions: Sequence[int],
         if j in run_pos and i in run_pos and n > 0:
             out.setdefault(run_pos[j], {})[run_pos[i]] = n
     return out
+
+
+def _run_glue(plans: Sequence[RegionPlan], executions: Sequence[int], glue: Mapping[int, int]) -> tuple[int, ...]:
+    """The backend's :attr:`~lightning_memplan.forecasting.backend.MemplanBackend.glue` (keyed by
+    positions in ``executions``) aligned with :func:`~lightning_memplan.forecasting.layout.run_order`'s
+    run: bytes the eager code made before each position's forward; empty when there are none."""
+    indices = {p.index for p in plans}
+    out: list[int] = []
+    for k, i in enumerate(executions):
+        if i in indices:
+            out.append(glue.get(k, 0))
+    return tuple(out) if any(out) else ()
 
 
 def _fsdp_unit_chain_early(fsdp: Fsdp2Units, run: Sequence[RegionPlan], executions: Sequence[int],

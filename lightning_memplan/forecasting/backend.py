@@ -57,6 +57,7 @@ from lightning_memplan._torch.partitioner import (
 )
 from lightning_memplan._torch.storages import held_tensors, storage_key, storage_weakref
 from lightning_memplan._torch.version import check_torch_version
+from lightning_memplan.forecasting.autograd_walk import saved_tensors_of
 from lightning_memplan.forecasting.capture import (
     RegionCapture,
     decide,
@@ -127,7 +128,41 @@ class MemplanBackend:
         #: were live when position ``j``'s backward started and freed when it ended (``j`` held them
         #: last: an input it saved, released at its last read). Positions index ``executions``.
         self.early_frees: dict[tuple[int, int], int] = {}
+        #: While recording: ``{(position k, position i): bytes}`` of position ``i``'s outputs that
+        #: died during the forward, after position ``k``'s call and before the next one: the eager
+        #: code between calls dropped them (two embeddings' outputs summed in a frame that loops
+        #: over blocks compiled on their own), or, for the last call, the code after it before the
+        #: backward started (a KV cache in an output object the forward dropped). A storage two
+        #: calls returned counts once, for the first.
+        self.forward_frees: dict[tuple[int, int], int] = {}
         self._position_outputs: dict[int, list[tuple[Any, int]]] = {}
+        #: While recording: ``{position: bytes}`` the eager code before that forward call made and
+        #: autograd still holds at the call (:meth:`_note_glue`): its activation inputs computed by
+        #: eager ops (two embeddings summed and dropped out in a frame that loops over blocks
+        #: compiled on their own) and the tensors those ops saved (dropout's mask), each storage
+        #: once in the step. Positions index ``executions``.
+        self.glue: dict[int, int] = {}
+        #: Storage keys never counted as glue: the step's inputs, parameters and buffers (set by
+        #: the caller before recording).
+        self.step_storages: set[int] = set()
+        self._glue_seen: set[object] = set()  # storage keys and autograd node ids already walked
+        self._forward_open = True  # no backward node of the recorded run has started yet
+        #: Outputs not yet seen dead in the forward: (position, storage weakref, bytes, storage key).
+        self._forward_live: list[tuple[int, Any, int, int]] = []
+
+    def clear_recording(self) -> None:
+        """Forget what the recorded calls noted (``executions``, ``owners``, ``call_params``, ``early_frees``,
+        ``forward_frees``, ``glue`` and the outputs watched), before a run is recorded anew."""
+        self.executions.clear()
+        self.owners.clear()
+        self.call_params.clear()
+        self.early_frees.clear()
+        self.forward_frees.clear()
+        self.glue.clear()
+        self._glue_seen.clear()
+        self._forward_open = True
+        self._position_outputs.clear()
+        self._forward_live.clear()
 
     def sweep_regions(self, budget: float, checkpoint: Sequence[str] = ()) -> list[RegionCapture]:
         """The regions captured for a sweep plan, one per compiled region, in order: the backend's
@@ -255,6 +290,12 @@ class MemplanBackend:
             if not self.recording:
                 return fn(*args, **kwargs)
             position = len(executions)
+            if torch._C._current_graph_task_id() == -1:  # a forward call, not a recompute in a backward
+                self._note_forward_frees(position - 1)
+                try:
+                    self._note_glue(position, args)
+                except Exception as err:  # noqa: BLE001 - no glue counted for this call
+                    self.regions[index].errors.append(f"eager glue not measured: {type(err).__name__}: {err}")
             executions.append(index)
             owners.append(self.call_owner() if self.call_owner is not None else None)
             region = self.regions[index]  # a graph that serves several blocks reads each block's parameters
@@ -272,13 +313,63 @@ class MemplanBackend:
 
         return memplan_region
 
+    def _note_forward_frees(self, position: int) -> None:
+        """Record in :attr:`forward_frees` the watched outputs that died since the last note: after
+        the call at ``position``, in the forward."""
+        alive = []
+        for i, ref, n, key in self._forward_live:
+            if ref.expired():
+                self.forward_frees[(position, i)] = self.forward_frees.get((position, i), 0) + n
+            else:
+                alive.append((i, ref, n, key))
+        self._forward_live[:] = alive
+
+    def _note_glue(self, position: int, args: Sequence[Any]) -> None:
+        """Record in :attr:`glue` the bytes the eager code before the forward call at ``position``
+        made that autograd holds: the call's tensor arguments computed by eager autograd ops (a
+        ``grad_fn`` that is no compiled region's), and the tensors saved by the eager autograd nodes
+        below them, down to the compiled regions' nodes. Parameters, the step's inputs and buffers
+        (:attr:`step_storages`), the regions' outputs and storages counted before are left out."""
+        seen = self._glue_seen
+        skip = self.step_storages | {ref.cdata for outs in self._position_outputs.values() for ref, _ in outs}
+        total = 0
+
+        def count(t: torch.Tensor) -> None:
+            nonlocal total
+            key = storage_key(t)
+            if isinstance(t, nn.Parameter) or key in skip or key in seen:
+                return
+            seen.add(key)
+            total += int(t.untyped_storage().nbytes())
+
+        stack = []
+        for a in args:
+            if (isinstance(a, torch.Tensor) and a.grad_fn is not None
+                    and "CompiledFunction" not in a.grad_fn.name()):
+                count(a)
+                stack.append(a.grad_fn)
+        while stack:
+            node = stack.pop()
+            if node is None or ("node", id(node)) in seen or "CompiledFunction" in node.name():
+                continue
+            seen.add(("node", id(node)))
+            for t in saved_tensors_of(node):
+                count(t)
+            stack.extend(n for n, _ in node.next_functions)
+        if total:
+            self.glue[position] = self.glue.get(position, 0) + total
+
     def _watch_outputs(self, position: int, out: Any) -> None:
-        """Note the storages of the outputs of the region call at ``position`` and hook its
-        backward node: which earlier calls' outputs die while it runs (:attr:`early_frees`)."""
+        """Note the storages of the outputs of the region call at ``position`` (:attr:`forward_frees`
+        watches them) and hook its backward node: which earlier calls' outputs die while it runs
+        (:attr:`early_frees`)."""
         leaves = held_tensors(out)
         unique = {storage_key(t): t for t in leaves}
         self._position_outputs[position] = [(storage_weakref(t), int(t.untyped_storage().nbytes()))
                                             for t in unique.values()]
+        watched = {key for _, ref, _, key in self._forward_live if not ref.expired()}
+        self._forward_live.extend((position, ref, n, key) for key, (ref, n) in zip(unique, self._position_outputs[position])
+                                  if key not in watched)
         node = next((t.grad_fn for t in leaves
                      if t.grad_fn is not None and "CompiledFunction" in t.grad_fn.name()), None)
         if node is None:
@@ -287,6 +378,9 @@ class MemplanBackend:
         outputs, frees = self._position_outputs, self.early_frees
 
         def before(grad_outputs: Any) -> None:
+            if self._forward_open:  # the backward starts: what died since the last forward call
+                self._forward_open = False
+                self._note_forward_frees(len(self.executions) - 1)
             live[:] = [(i, ref, n) for i in range(position) for ref, n in outputs.get(i, ()) if not ref.expired()]
 
         def after(grad_inputs: Any, grad_outputs: Any) -> None:

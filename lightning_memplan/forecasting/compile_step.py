@@ -8,6 +8,7 @@ when an optimizer is given (without one, the parameters' ``.grad`` is set back t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import torch.nn as nn
 from lightning_memplan._torch.dynamo import isolated_compile_kwargs, resuming_nested_graph_breaks
 from lightning_memplan._torch.fsdp import Fsdp2Units, fsdp2_active_unit, fsdp2_units
 from lightning_memplan._torch.partitioner import eager_backward_compile
+from lightning_memplan._torch.storages import held_tensors, storage_key
 from lightning_memplan.core.fresh_code import fresh_function
 from lightning_memplan.forecasting.backend import MemplanBackend
 from lightning_memplan.forecasting.unit_compile import UnitCompile
@@ -52,6 +54,12 @@ class CompiledStep:
     #: ``id``s of the trainable parameters each of those calls read, aligned with ``executions``
     #: (:attr:`MemplanBackend.call_params`).
     call_params: tuple[frozenset[int], ...] = ()
+    #: ``{(position k, position i): bytes}`` of outputs the eager code between calls dropped during
+    #: the forward, after call ``k`` (:attr:`MemplanBackend.forward_frees`).
+    forward_frees: Mapping[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    #: ``{position: bytes}`` the eager code before a call made and autograd held at it
+    #: (:attr:`MemplanBackend.glue`).
+    glue: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
 
 def _make_loss(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None) -> Callable[..., torch.Tensor]:
@@ -95,8 +103,8 @@ def compile_step(
     not run). With several regions, or when the run stored new state on the model's modules (a
     cache a forward makes at its first call: later calls run another graph), the run is made twice,
     the second the steady one the forecast lays out, watching where each region's outputs die
-    (``be.early_frees``). The optimizer is not stepped. ``regional``: submodules compiled on their
-    own (:class:`UnitCompile`'s ``blocks``), in the forecast and in ``step()``."""
+    (``be.early_frees``, ``be.forward_frees``). The optimizer is not stepped. ``regional``: submodules
+    compiled on their own (:class:`UnitCompile`'s ``blocks``), in the forecast and in ``step()``."""
     # static: a forecast is of these inputs' shapes. With dynamic=None, dynamo's profile of earlier
     # compiles of the same code in this process (automatic_dynamic_local_pgo) could make it a
     # dynamic-shape graph, and AOTAutograd would mark the caller's tensors dynamic for later compiles.
@@ -125,11 +133,8 @@ def compile_step(
 
     devices = sorted({t.device.index or 0 for t in [*params, *inputs] if t.device.type == "cuda"})
     t0 = time.perf_counter()
-    be.executions.clear()
-    be.owners.clear()
-    be.call_params.clear()
-    be.early_frees.clear()
-    be._position_outputs.clear()
+    be.clear_recording()
+    be.step_storages = {storage_key(t) for t in [*model.parameters(), *model.buffers(), *held_tensors(inputs)]}
     be.recording = True  # which regions one step runs, and how often
     try:
         with _no_side_effects(model, devices):
@@ -148,18 +153,15 @@ def compile_step(
                     # A forward that stored state on the model (a cache made at its first call) runs
                     # another graph from now on: dynamo compiles it in this run, which is the one
                     # the forecast lays out (be.executions)
-                    be.executions.clear()
-                    be.owners.clear()
-                    be.call_params.clear()
-                    be.early_frees.clear()
-                    be._position_outputs.clear()
+                    be.clear_recording()
                     _backward_without_hooks(compiled(*inputs), [*params, *inputs])
     finally:
         be.recording = False
     seconds = time.perf_counter() - t0
     return CompiledStep(model=model, inputs=inputs, optimizer=optimizer, params=tuple(params), step=step,
                         compile_seconds=seconds, fsdp=fsdp, executions=tuple(be.executions),
-                        owners=tuple(be.owners), early=dict(be.early_frees), call_params=tuple(be.call_params))
+                        owners=tuple(be.owners), early=dict(be.early_frees), call_params=tuple(be.call_params),
+                        forward_frees=dict(be.forward_frees), glue=dict(be.glue))
 
 
 def _forward_state(model: nn.Module) -> list[tuple[int, str, int]]:

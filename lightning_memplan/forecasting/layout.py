@@ -80,6 +80,13 @@ class StepParts:
     overlay: Mapping[Point, Sequence[FsdpEvent]] = field(default_factory=dict)
     #: Outputs a later backward held last, by position in :func:`run_order`'s run (``early`` of :func:`lay_out`).
     early: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
+    #: Outputs the eager code between calls dropped in the forward, by position in
+    #: :func:`run_order`'s run (``forward_freed`` of :func:`lay_out`).
+    forward_freed: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
+    #: Bytes the eager code made before each position's forward, held by autograd (its inputs
+    #: computed eagerly, what the eager ops saved), by position in :func:`run_order`'s run (laid
+    #: out as ``inputs`` of :func:`lay_out`); empty: none.
+    glue: tuple[int, ...] = ()
 
 
 def run_order(plans: Sequence[RegionPlan], executions: Sequence[int]) -> list[RegionPlan]:
@@ -98,6 +105,7 @@ def lay_out(
     bw_views: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     early: Mapping[int, Mapping[int, int]] | None = None,
     eager_freed: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+    forward_freed: Mapping[int, Mapping[int, int]] | None = None,
 ) -> tuple[list[TimelineStep], int, AtPeak]:
     """Lay the regions out as one step: forwards in order, backwards in reverse, then the optimizer.
 
@@ -118,7 +126,7 @@ def lay_out(
     (``sum = old + new``, the old one freed), so the largest sum is transient on top of the
     backward's end; then the new ones are freed.
     ``inputs[j]``: bytes of fresh inputs made just before position ``j``'s forward (another view of
-    the batch for a later call), live until its backward has run (default 0); when that region's
+    the batch for a later call; what eager code between regions made, :attr:`StepParts.glue`), live until its backward has run (default 0); when that region's
     backward keeps none of its activation inputs (it saved a cast or a product of them, as under
     autocast), only ``training_step`` refers to them, and they die when it returns, before the
     backward.
@@ -143,6 +151,9 @@ def lay_out(
     position ``j``'s forward (the end of a call) received straight from that region and dropped
     (:attr:`~lightning_memplan.forecasting.eager_loss.EagerLoss.early_outputs`): live through that
     eager code (again, where the next forward had dropped them), freed after it.
+    ``forward_freed[j]``: ``{i: bytes}`` of position ``i``'s outputs (``i <= j``) that the eager code
+    between position ``j``'s forward and the next one dropped (watched on a run of the compiled
+    step): they die after position ``j``'s forward instead of when position ``i``'s backward starts.
 
     Returns the timeline, the peak, and (activations, gradients, optimizer temporaries, FSDP
     buffers) at the peak.
@@ -177,7 +188,14 @@ def lay_out(
         offset += p.fw_retained
         if j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline and j - 1 not in ends:
             dropped[j - 1] = True
-            offset -= plans[j - 1].fw_retained - plans[j - 1].saved
+            offset -= max(0, plans[j - 1].fw_retained - plans[j - 1].saved - freed_early[j - 1])
+        cuts = {i: min(n, max(0, plans[i].fw_retained - plans[i].saved - freed_early[i]))
+                for i, n in (forward_freed or {}).get(j, {}).items() if i <= j and not dropped[i] and i not in ends}
+        for i, n in cuts.items():
+            offset -= n
+            freed_early[i] += n
+        if any(cuts.values()):
+            timeline.append(TimelineStep(phase="forward", region=p.index, node="outputs_freed", bytes=offset))
         freed = []  # (position, bytes) the eager code after this forward frees
         for i, n in (eager_freed or {}).get(j, ()):
             if dropped[i]:
@@ -317,6 +335,9 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
     for c in range(1, n):
         fresh[starts[c]] = extra[c - 1]
     fresh[0] += made
+    for c, parts in enumerate(calls):  # what each call's eager code made before its regions
+        for j, nbytes in enumerate(parts.glue[:len(ones[c])]):
+            fresh[starts[c] + j] += nbytes
     events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in first.overlay.items()} if n == 1 else {}
     hold: dict[int, int] = {}
     views: dict[int, list[tuple[int, int]]] = {}
@@ -349,8 +370,11 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
              for c, loss in enumerate(losses) if loss.early_outputs}
     run_early = {starts[c] + j: {starts[c] + i: b for i, b in by.items()}
                  for c in range(n) if not held[c] for j, by in (earlies[c] or {}).items()}
+    # outputs the eager code between two region calls of one call of the model dropped
+    forward = {starts[c] + j: {starts[c] + i: b for i, b in by.items()}
+               for c, parts in enumerate(calls) for j, by in parts.forward_freed.items()}
     return lay_out(seq, first.optimizer, ends=frozenset(ends), accumulate=acc, inputs=fresh, overlay=events,
-                   bw_hold=hold, bw_views=views, early=run_early, eager_freed=freed)
+                   bw_hold=hold, bw_views=views, early=run_early, eager_freed=freed, forward_freed=forward)
 
 
 def _stand_in_of_its_own(loss: EagerLoss, run: Sequence[RegionPlan]) -> bool:

@@ -101,6 +101,21 @@ def test_a_gradient_that_uncompiled_code_consumed_dies_when_the_backward_starts(
     i_t0 = order.index(("alloc", t0, 128))
     assert running(events)[i_t0] == (64 + 32 + 4 + 64 + 16) - 64 - 64 + 128
     assert order.index(("free", o0, 64)) < i_t0 and running(events)[-1] == 0
+def test_outputs_the_eager_code_between_calls_dropped_are_freed_there() -> None:
+    # region 0 (an embedding: nothing saved) returns e0 (64 B); the eager code after region 1's
+    # forward drops it, as the timeline's forward_freed={1: {0: 64}} says
+    emb = RegionTrace(forward=GraphTrace(events=(a("e0", 64),)),
+                      backward=GraphTrace(inputs=(a("te", 64),), tangent_keys=frozenset({"te"}),
+                                          events=(a("ge", 8), f("te", 64))), param_gradients=8)
+    plain = stitch_step([emb, *_chain()]).events
+    events = stitch_step([emb, *_chain()], forward_freed={1: {0: 64}}).events
+    e0, s0 = 0, 2  # o0 (1) is region 1's input
+    order = ops(events)
+    assert order.index(("alloc", s0, 32)) < order.index(("free", e0, 64)) < order.index(("alloc", 3, 32))
+    assert max(running(events)) == max(running(plain)) - 64
+    assert order.count(("free", e0, 64)) == 1 and running(events)[-1] == 0
+
+
 def test_saved_activation_matched_by_size_when_keys_differ() -> None:
     # inductor's forward and backward wrappers number their buffers independently
     fw = GraphTrace(events=(a(("fw", 1), 64), a(("fw", 2), 32), a(("fw", 3), 4)))
@@ -196,3 +211,20 @@ def test_accumulation_order_frees_the_new_gradients_after_the_backward_and_keeps
     assert sim.baseline_allocated_bytes == 512  # the accumulated gradient's block
     assert (sim.requested_peak_bytes, sim.allocated_peak_bytes) == (508, 4 * 512)  # s, loss, t, g
     assert accumulation_order(stitch_step([region])).events == stitch_step([region]).events  # no optimizer: nothing to move
+
+
+def test_what_the_eager_code_made_before_a_region_lives_until_that_regions_backward_has_run() -> None:
+    # the eager code before region 1's forward made 48 B autograd holds (region 1's input computed
+    # eagerly, a dropout mask): allocated before that forward, freed after its backward
+    plain = stitch_step(_chain()).events
+    events = stitch_step(_chain(), fresh=(0, 48)).events
+    order = ops(events)
+    glue = next(k for op, k, n in order if op == "alloc" and n == 48)
+    s1 = order[order.index(("alloc", glue, 48)) + 1][1]
+    assert order[order.index(("alloc", glue, 48)) + 1] == ("alloc", s1, 32)  # region 1's first allocation
+    g1 = next(k for op, k, n in order if op == "alloc" and n == 16 and k > s1 + 2)
+    # freed once region 1's backward has made its gradients, before region 0's backward allocates
+    assert order.index(("alloc", g1, 16)) < order.index(("free", glue, 48)) < len(order) - 1
+    g0_alloc = max(i for i, (op, k, n) in enumerate(order) if op == "alloc" and n == 16)
+    assert order.index(("free", glue, 48)) < g0_alloc
+    assert max(running(events)) == max(running(plain)) + 48 and running(events)[-1] == 0

@@ -116,6 +116,29 @@ def test_outputs_the_eager_code_dropped_after_the_next_forward_dropped_them_live
     assert timeline[6].bytes == 70 - 30 + 30  # region 1's backward starts where it would have
 
 
+def _three() -> list[RegionPlan]:
+    # region 0 (an embedding) leaves 20 B of output, nothing saved; regions 1 and 2 as _chain's
+    c = _chain()
+    return [_plan(0, fw=(20,), retained=20, saved=0, bw=(0, 5), bw_end=5, gradients=5),
+            dataclasses.replace(c[0], index=1), dataclasses.replace(c[1], index=2)]
+
+
+def test_outputs_the_eager_code_between_calls_dropped_die_there() -> None:
+    # the eager code after region 1's forward dropped region 0's 20 B (a sum of two embeddings in
+    # the frame that loops over blocks compiled on their own): freed there, not at region 0's backward
+    _, before, _ = lay_out(_three(), None)
+    timeline, peak, _ = lay_out(_three(), None, forward_freed={1: {0: 20}})
+    assert [(t.phase, t.region, t.node, t.bytes) for t in timeline] == [
+        ("forward", 0, "f0", 20), ("forward", 1, "f0", 70), ("forward", 1, "outputs_freed", 50),
+        # everything after is 20 B lower (110, 210, ... without) up to region 0's backward
+        ("forward", 2, "f0", 150), ("forward", 2, "f1", 90),
+        ("backward", 2, "b0", 90), ("backward", 2, "b1", 190), ("backward", 2, "b2", 80),
+        ("backward", 1, "b0", 60), ("backward", 1, "b1", 110), ("backward", 1, "b2", 40),
+        # which starts where it did: its outputs are not released twice
+        ("backward", 0, "b0", 40), ("backward", 0, "b1", 45)]
+    assert (before, peak) == (210, 190)
+
+
 def test_one_call_laid_out_from_its_parts_is_the_plain_layout() -> None:
     plans = _chain()
     parts = StepParts(plans=tuple(reversed(plans)), executions=(0, 1), early={1: {0: 20}})
@@ -177,3 +200,16 @@ def test_a_stand_in_loss_compiled_on_its_own_leaves_the_outputs_counted_once() -
     timeline, _, _ = lay_out_calls([StepParts(plans=(head, saves), executions=(0, 1))], losses=[loss])
     assert ("eager_loss_forward", 104 + 80 + 5) in [(t.node, t.bytes) for t in timeline]
 
+
+
+def test_what_the_eager_code_made_before_each_region_is_laid_out_with_each_call() -> None:
+    # StepParts.glue (bytes the eager code made before each region's forward, held by autograd) are
+    # laid out as that position's fresh inputs, in every call of the model
+    plans = _chain()
+    parts = StepParts(plans=tuple(plans), executions=(0, 1), glue=(0, 10))
+    one = lay_out_calls([parts])
+    assert one == lay_out(plans, None, inputs=(0, 10))
+    assert one[1] == lay_out(plans, None)[1] + 10
+    two = lay_out_calls([parts, parts], extra=(0,))
+    assert two == lay_out([*plans, *plans], None, ends=frozenset({1, 3}), inputs=(0, 10, 0, 10),
+                          accumulate=[p.param_gradients for p in plans] + [0, 0])

@@ -6,8 +6,7 @@ import pytest
 from perfect_packing import perfect_packing
 
 from lightning_memplan.cli import main
-from lightning_memplan.placement import MemorySpace, Plan, greedy_by_size, read_csv, validate
-from lightning_memplan.placement import _cli
+from lightning_memplan.placement import MemorySpace, Plan, _cli, greedy_by_size, read_csv, validate
 from lightning_memplan.placement._cli import parse_bytes
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "minimalloc"  # shipped copy of ../shared/data/minimalloc
