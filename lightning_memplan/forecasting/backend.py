@@ -35,6 +35,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from lightning_memplan._torch.autograd import in_backward
 from lightning_memplan._torch.dynamo import frame_mutations, graph_caches_off_patch, lazy_graph_module
 from lightning_memplan._torch.inductor import (
     compile_fx,
@@ -147,6 +148,9 @@ class MemplanBackend:
         self.step_storages: set[int] = set()
         self._glue_seen: set[object] = set()  # storage keys and autograd node ids already walked
         self._forward_open = True  # no backward node of the recorded run has started yet
+        #: Whether :attr:`forward_frees` and :attr:`glue` are recorded (set by the caller for
+        #: regional compiles, whose looping frame runs eagerly between the regions).
+        self.watch_eager_code = False
         #: Outputs not yet seen dead in the forward: (position, storage weakref, bytes, storage key).
         self._forward_live: list[tuple[int, Any, int, int]] = []
 
@@ -290,7 +294,7 @@ class MemplanBackend:
             if not self.recording:
                 return fn(*args, **kwargs)
             position = len(executions)
-            if torch._C._current_graph_task_id() == -1:  # a forward call, not a recompute in a backward
+            if self.watch_eager_code and not in_backward():  # a forward call, not a recompute in a backward
                 self._note_forward_frees(position - 1)
                 try:
                     self._note_glue(position, args)
@@ -378,7 +382,7 @@ class MemplanBackend:
         outputs, frees = self._position_outputs, self.early_frees
 
         def before(grad_outputs: Any) -> None:
-            if self._forward_open:  # the backward starts: what died since the last forward call
+            if self._forward_open and self.watch_eager_code:  # the backward starts: what died since the last call
                 self._forward_open = False
                 self._note_forward_frees(len(self.executions) - 1)
             live[:] = [(i, ref, n) for i in range(position) for ref, n in outputs.get(i, ()) if not ref.expired()]

@@ -135,6 +135,7 @@ def compile_step(
     t0 = time.perf_counter()
     be.clear_recording()
     be.step_storages = {storage_key(t) for t in [*model.parameters(), *model.buffers(), *held_tensors(inputs)]}
+    be.watch_eager_code = bool(regional)  # the eager code between regions: only where the frame that loops runs it
     be.recording = True  # which regions one step runs, and how often
     try:
         with _no_side_effects(model, devices):
