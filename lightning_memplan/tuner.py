@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
@@ -312,7 +312,7 @@ def plan_memory(
     search_backend: str = "aot_eager",
     remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
     submodule: str | None = None,
-    regional: bool = False,
+    regional: bool | Literal["auto"] = "auto",
     search_time_limit: float | None = None,
 ) -> MemPlan:
     """Choose a memory plan for ``model`` on the first training batch, without training.

@@ -86,8 +86,11 @@ class MemPlanCallback(Callback):
             constant of their own, such as a KV cache's layer index, compile a graph each), and
             each budget is applied to that one layer's graph (and to the stem's and head's graphs).
             The modules the frame looping over the blocks calls besides them (embeddings, a final
-            norm) are compiled on their own too: dynamo runs that frame eagerly. ``False``
-            (default): one compile of the whole module. The plan records them (``plan.regional``).
+            norm) are compiled on their own too: dynamo runs that frame eagerly. ``False``: one
+            compile of the whole module. ``"auto"`` (default): each on its own when the plan is
+            searched (``budget="auto"``) and the model has repeated blocks, so the search costs
+            about the same at any depth; a given budget compiles the module whole (torch's ratio of
+            its one graph). The plan records them (``plan.regional``).
         remat_budgets: budgets of the whole-graph rematerialization plans (solver ``"remat"``) the
             search tries besides; ``()`` for none.
         search_time_limit: seconds the ``"auto"`` search may take (``None``, default: no limit).
@@ -179,7 +182,7 @@ class MemPlanCallback(Callback):
         verbose: bool = True,
         submodule: str | None = None,
         forecast_new_shapes: bool = True,
-        regional: bool = False,
+        regional: bool | Literal["auto"] = "auto",
         search_time_limit: float | None = None,
     ) -> None:
         self._options = callback_options(

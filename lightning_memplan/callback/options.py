@@ -12,6 +12,7 @@ import torch
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
 from lightning_memplan.planner.given_plan import check_plan_solver, ignored_beside_plan
+from lightning_memplan.planner.regional import RegionalFlag
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.planner.settings import PlanSettings, check_submodule
 
@@ -46,7 +47,7 @@ def callback_options(
     checkpoint: CheckpointPolicy, backend: str, candidate_budgets: Sequence[float], search_backend: str,
     remat_budgets: Sequence[float], plan: MemPlan | str | Path | None, replan: bool, measure_batches: int,
     log_plots: bool, compile_kwargs: dict[str, Any] | None, verbose: bool, submodule: str | None,
-    forecast_new_shapes: bool, regional: bool, search_time_limit: float | None,
+    forecast_new_shapes: bool, regional: RegionalFlag, search_time_limit: float | None,
 ) -> CallbackOptions:
     """Validate ``MemPlanCallback``'s arguments; raises ``ValueError`` naming the bad one."""
     call = "MemPlanCallback"
@@ -81,7 +82,7 @@ def callback_options(
             "budget": (budget, "auto"), "max_memory": (max_memory, None),
             "solver": (solver, solver if custom else "dp"),
             "checkpoint": (checkpoint, "auto"), "candidate_budgets": (candidate_budgets, DEFAULT_BUDGETS),
-            "remat_budgets": (remat_budgets, DEFAULT_REMAT_BUDGETS), "regional": (regional, False),
+            "remat_budgets": (remat_budgets, DEFAULT_REMAT_BUDGETS), "regional": (regional, "auto"),
             "search_time_limit": (search_time_limit, None)})
         notes += [ignored] if ignored else []
     return CallbackOptions(settings=settings, user_plan=user_plan, replan=bool(replan),

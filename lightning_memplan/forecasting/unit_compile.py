@@ -101,14 +101,19 @@ class UnitCompile:
             yield
 
     def _call(self, unit: nn.Module) -> Callable[..., Any]:
+        """``unit``'s forward through this compile. A forward another ``UnitCompile`` installed (the
+        training compile, while a forecast at new input shapes compiles the plan again) is replaced
+        by the unit's own forward: compiled inside the other's graph, it would not be captured."""
+        forward = getattr(unit.__dict__.get("forward"), "__memplan_forward__", unit.forward)
+        call: Any
         if any(unit is b for b in self._regional):
-            call = _regional_call(self._compiled, unit.forward, 2 * len(self.units) + 8)
-            call.__memplan_unit__ = self._compiled  # type: ignore[attr-defined]
-            return call
-        return functools.partial(self._compiled, unit.forward)
+            call = _regional_call(self._compiled, forward, 2 * len(self.units) + 8)
+        else:
+            call = functools.partial(self._compiled, forward)
+        call.__memplan_unit__ = self._compiled
+        call.__memplan_forward__ = forward
+        return call
 
     def _installed_on(self, unit: nn.Module) -> bool:
         current = unit.__dict__.get("forward")
-        if isinstance(current, functools.partial):
-            return current.func is self._compiled
         return getattr(current, "__memplan_unit__", None) is self._compiled

@@ -25,7 +25,7 @@ from lightning_memplan.planner.checkpointing import (
 )
 from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.plan_forecast import BoundForward, sum_outputs
-from lightning_memplan.planner.regional import regional_blocks
+from lightning_memplan.planner.regional import regional_blocks, wants_regional
 from lightning_memplan.planner.search import OUT_OF_TIME, PlanDoesNotFit, rejudge, search
 from lightning_memplan.planner.settings import PlanSettings
 from lightning_memplan.planner.step_model import (
@@ -61,7 +61,7 @@ def decide_plan(
     ``forward`` is ``module``'s original forward, called as ``forward(*args, **kwargs)``; the
     candidates are forecast on ``settings.search_backend`` (the plan's blocks are named relative to
     ``module``, its ``backend`` is ``settings.backend``; its ``regional`` blocks, from
-    ``settings.regional``, are compiled on their own in every candidate). Candidates are judged by the memory of the
+    ``settings.regional`` (:func:`~lightning_memplan.planner.regional.wants_regional`), are compiled on their own in every candidate). Candidates are judged by the memory of the
     Lightning training step ``loop`` runs (:func:`lightning_step_memory`, bytes).
     When nothing fits ``max_memory``, warns (:class:`MemPlanWarning`, ``f"{call}: ..."``, ``stacklevel``
     as for ``warnings.warn``: 2 points at the caller) and returns the plan with the smallest
@@ -77,8 +77,8 @@ def decide_plan(
         if warned is not None:
             warned.append(message)
 
-    regional = regional_blocks(module, settings.regional)
-    if settings.regional and not regional:
+    regional = regional_blocks(module, wants_regional(settings.regional, isinstance(settings.budget, str)))
+    if settings.regional is True and not regional:
         message = (f"{call}: regional=True, but {type(module).__name__} has no repeated blocks (two or more "
                    "sibling submodules of one class with trainable parameters); it is compiled whole.")
         say(message)

@@ -18,20 +18,34 @@ the glue code of the looping frame itself (an add of two embeddings) stays eager
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from torch import nn
 
 from lightning_memplan.planner.checkpointing import repeated_blocks
 
-__all__ = ["check_regional_flag", "modules_beside", "regional_blocks"]
+__all__ = ["RegionalFlag", "check_regional_flag", "modules_beside", "regional_blocks", "wants_regional"]
+
+RegionalFlag = bool | Literal["auto"]
+"""``True``, ``False``, or ``"auto"``: regional when the plan is searched (``budget="auto"``)."""
 
 
-def check_regional_flag(regional: object, call: str) -> bool:
-    """``regional`` if it is ``True`` or ``False``; else a ValueError naming ``call``."""
-    if regional is True or regional is False:
-        return regional
+def check_regional_flag(regional: object, call: str) -> RegionalFlag:
+    """``regional`` if it is ``True``, ``False`` or ``"auto"``; else a ValueError naming ``call``."""
+    if regional is True or regional is False or regional == "auto":
+        return regional  # type: ignore[return-value]
     raise ValueError(f"`{call}(regional={regional!r})` is not valid. Expected True (compile the repeated blocks, "
-                     "e.g. a transformer's layers, each on its own) or False (compile the module whole).")
+                     "e.g. a transformer's layers, each on its own), False (compile the module whole) or 'auto' "
+                     "(each on its own when the plan is searched, budget='auto').")
+
+
+def wants_regional(regional: RegionalFlag, searching: bool) -> bool:
+    """Whether the repeated blocks are to be compiled each on its own: ``regional`` itself, or for
+    ``"auto"``, whether the plan is searched. The search forecasts many candidates: on the whole
+    model each partitions the joint graph of every block (its cost grows with depth), on the blocks
+    compiled each on its own it partitions one graph per distinct block, whatever the depth. A
+    given budget is torch's ratio of the whole module's graph, compiled whole as the user set it."""
+    return searching if regional == "auto" else bool(regional)
 
 
 def _is_container(module: nn.Module) -> bool:

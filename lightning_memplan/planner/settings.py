@@ -20,7 +20,7 @@ from torch import nn
 
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy, _policy_classes
-from lightning_memplan.planner.regional import check_regional_flag
+from lightning_memplan.planner.regional import RegionalFlag, check_regional_flag
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.units import parse_bytes
 
@@ -45,8 +45,9 @@ class PlanSettings:
     search_backend: Literal["inductor", "aot_eager"]
     remat_budgets: tuple[float, ...] = DEFAULT_REMAT_BUDGETS
     """Whole-graph rematerialization budgets the search adds (``()``: none)."""
-    regional: bool = False
-    """Whether the repeated blocks are compiled each on its own (:mod:`lightning_memplan.planner.regional`)."""
+    regional: RegionalFlag = False
+    """Whether the repeated blocks are compiled each on its own (:mod:`lightning_memplan.planner.regional`);
+    ``"auto"``: when the plan is searched (:func:`~lightning_memplan.planner.regional.wants_regional`)."""
     search_time_limit: float | None = None
     """Seconds the ``"auto"`` search may take before it chooses among the candidates forecast so far
     (``None``: no limit); see :func:`~lightning_memplan.planner.search.search`'s ``time_limit``."""
@@ -64,7 +65,7 @@ class PlanSettings:
         candidate_budgets: Sequence[float] = DEFAULT_BUDGETS,
         search_backend: str = "aot_eager",
         remat_budgets: Sequence[float] = DEFAULT_REMAT_BUDGETS,
-        regional: bool = False,
+        regional: RegionalFlag = False,
         search_time_limit: float | None = None,
     ) -> PlanSettings:
         """Validate the arguments of ``call`` (named in every error message)."""

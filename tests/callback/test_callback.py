@@ -605,6 +605,7 @@ def test_the_search_judges_candidates_on_the_forward_calls_of_a_step(tmp_path: P
     cb = MemPlanCallback("auto", max_memory="1TiB", backend="aot_eager", measure_batches=2)
     _trainer(tmp_path, cb, epochs=1).fit(TinyNet(width=64, batch=256, batches=3))  # one call per step
     one = cb.plan
+    calls_one = [r.calls for r in cb.forecast.regions]
     fastest = one.candidates[one.chosen]
     limit = one.baseline_bytes + fastest.peak_bytes  # the fastest plan fits on one call, exactly
     cb = MemPlanCallback("auto", max_memory=limit, backend="aot_eager", measure_batches=2)
@@ -618,7 +619,7 @@ def test_the_search_judges_candidates_on_the_forward_calls_of_a_step(tmp_path: P
     assert chosen.label != fastest.label
     fits = [c for c in two.candidates if c.peak_bytes is not None and two.baseline_bytes + c.peak_bytes <= limit]
     assert chosen in fits and chosen.cost == min(c.cost for c in fits)
-    assert {r.calls for r in cb.forecast.regions} == {2}
+    assert [r.calls for r in cb.forecast.regions] == [2 * c for c in calls_one]  # every region, once per call
     assert two.baseline_bytes + two.predicted_peak_bytes <= limit
     messages = [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)]
     assert not any("exceeds max_memory" in m for m in messages), messages
@@ -1130,3 +1131,23 @@ def test_a_loss_computed_inside_the_model_after_a_graph_break(tmp_path: Path, re
     assert loss.held_inner_bytes == (logits if returns_logits else 0)
     row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
     assert abs(float(row["memplan/prediction_error"])) < 0.02, row
+
+
+def test_the_default_search_compiles_the_repeated_blocks_each_on_its_own_and_a_given_budget_the_whole_module(
+        tmp_path: Path) -> None:
+    """``regional="auto"`` (the default): the search (``budget="auto"``) plans the blocks compiled
+    each on its own, so it partitions one block graph per candidate whatever the depth, and the fit
+    compiles them so; a given budget is torch's ratio of the whole module's one graph."""
+    searched = MemPlanCallback(backend="aot_eager")
+    trainer = _trainer(tmp_path, searched, epochs=1)
+    trainer.fit(TinyNet(depth=4))
+    assert searched.fallback_reason is None and set(searched.plan.regional) >= {f"blocks.{i}" for i in range(4)}
+    # blocks alike share one graph, called once per block: all but the first, whose input (the
+    # batch) needs no gradient, and a checkpointed block, which runs a graph of its own
+    calls = [r.calls for r in searched.forecast.regions] if searched.forecast is not None else []
+    assert max(calls) >= 3 - len(searched.plan.checkpoint) and max(calls) > 1, (calls, searched.plan.checkpoint)
+    row = [r for r in _metrics(trainer) if r.get("memplan/budget")][-1]
+    assert abs(float(row["memplan/prediction_error"])) < 0.01, row
+    given = MemPlanCallback(0.5, backend="aot_eager")
+    _trainer(tmp_path / "given", given, epochs=1).fit(TinyNet(depth=4))
+    assert given.plan.regional == () and given.forecast is not None and len(given.forecast.regions) == 1

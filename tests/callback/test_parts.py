@@ -42,7 +42,7 @@ def _options(**kw: Any) -> Any:
     args: dict[str, Any] = dict(budget=0.5, max_memory=None, solver="dp", checkpoint=None, backend="aot_eager",
                                 candidate_budgets=(1.0, 0.5), search_backend="aot_eager", remat_budgets=(),
                                 plan=None, replan=True, measure_batches=2, log_plots=False, compile_kwargs=None,
-                                verbose=False, submodule=None, forecast_new_shapes=True, regional=False,
+                                verbose=False, submodule=None, forecast_new_shapes=True, regional="auto",
                                 search_time_limit=None)
     args.update(kw)
     return callback_options(**args)
@@ -203,7 +203,7 @@ def test_the_trainer_view_without_a_trainer() -> None:
     ({"compile_kwargs": [1]}, r"compile_kwargs=\[1\]\)` must be a dict"),
     ({"compile_kwargs": {"backend": "eager"}}, r"set the backend with `backend=`"),
     ({"forecast_new_shapes": "yes"}, r"forecast_new_shapes='yes'\)` must be True or False"),
-    ({"regional": "auto"}, r"regional='auto'\)` is not valid. Expected True \(compile the repeated blocks"),
+    ({"regional": "yes"}, r"regional='yes'\)` is not valid. Expected True \(compile the repeated blocks.*or 'auto'"),
     ({"search_time_limit": 0}, r"search_time_limit=0\)` is not valid. Expected a positive number of seconds, or None"),
     ({"search_time_limit": -5.0}, r"search_time_limit=-5.0\)` is not valid"),
     ({"search_time_limit": float("inf")}, r"search_time_limit=inf\)` is not valid"),
@@ -237,6 +237,7 @@ def test_search_arguments_beside_a_plan_are_said_to_be_unused() -> None:
     assert "search_time_limit=30 is not used" in _options(plan=_plan(), budget="auto", search_time_limit=30,
                                                           **defaults).notes[0]
     assert _options(budget=0.5, max_memory="1KiB").notes == ()  # no plan: nothing overrides them
+    assert "regional=False is not used" in _options(plan=_plan(), budget="auto", regional=False, **defaults).notes[0]
 
     def mine(memory: list[float], runtimes: list[float], max_memory: float) -> Any:
         raise AssertionError
