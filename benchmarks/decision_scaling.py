@@ -9,9 +9,10 @@ The model is the forecast benchmark's GPT (``benchmarks/forecast.py``: dim 64, s
 AdamW) with ``--blocks`` attention blocks. Each row, in one process and one after the other:
 
 - ``whole decision``: ``decide_plan`` with ``budget="auto", checkpoint="auto", regional=False``
-  (today's exact path: every candidate partitioned on the joint graph of the whole model);
-- ``regional decision``: the same with ``regional=True``: each block compiled on its own, so the
-  blocks share ONE graph, traced and partitioned once per candidate whatever the depth;
+  (every candidate partitioned on the joint graph of the whole model);
+- ``regional decision``: the same with ``regional=True`` (what ``regional="auto"``, the callback's
+  default, does for a search): each block compiled on its own, so the blocks share ONE graph,
+  traced and partitioned once per candidate whatever the depth;
 - ``compile + step``, the peer: ``forecast(budget=1.0)`` on that backend (one compile of the
   unplanned whole model, its forward and backward, the search's stand-in loss: the outputs summed)
   plus one training step;
