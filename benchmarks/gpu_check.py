@@ -13,7 +13,8 @@ Three sections, then one summary table:
    history trace of one more step. Rows of ``benchmarks/forecast.py``.
 2. **Plans**: a 6-layer GPT (dim 512, sequence 512, batch 16): torch's budget alone at 1.0 / 0.7 /
    0.5 / 0.3, every block checkpointed, whole-graph rematerialization (solver ``"remat"``) at the
-   search's remat budgets, and ``auto`` (what ``MemPlanCallback(budget="auto")`` decides: the knee
+   search's remat budgets, and ``auto`` (what ``MemPlanCallback(budget="auto", regional=False)``
+   decides: the knee
    of the forecast Pareto front over all of them); measured peak, forecast and the median step time,
    timed round-robin. Rows of ``benchmarks/plans.py``.
 3. **Solvers**: ``memplan bench --sizes 200 1000 --seeds 1`` (ours vs torch's knapsack solvers), with

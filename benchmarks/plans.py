@@ -11,7 +11,8 @@ one step of each per round for ``--steps`` rounds (median): on a shared machine,
 every plan alike. Plans: torch's ``activation_memory_budget`` alone at 1.0/0.7/0.5/0.3/0.1; every
 block wrapped in ``torch.utils.checkpoint`` (budget 1.0); every second block; whole-graph
 rematerialization (solver ``"remat"``) at the search's remat budgets; and ``auto`` (what
-``MemPlanCallback(budget="auto")`` decides: the knee of the forecast Pareto front over all of
+``MemPlanCallback(budget="auto", regional=False)`` decides, the module compiled whole: the
+knee of the forecast Pareto front over all of
 them). Columns ``saving`` and ``slowdown`` are relative to budget 1.0; ``% of full
 ckpt`` divides them by full checkpointing's. The issue's target for ``auto``: >= 70% of full
 checkpointing's saving at <= 40% of its slowdown. Also printed: the time the ``auto`` decision
