@@ -126,10 +126,10 @@ def lay_out(
     (``sum = old + new``, the old one freed), so the largest sum is transient on top of the
     backward's end; then the new ones are freed.
     ``inputs[j]``: bytes of fresh inputs made just before position ``j``'s forward (another view of
-    the batch for a later call; what eager code between regions made, :attr:`StepParts.glue`), live until its backward has run (default 0); when that region's
-    backward keeps none of its activation inputs (it saved a cast or a product of them, as under
-    autocast), only ``training_step`` refers to them, and they die when it returns, before the
-    backward.
+    the batch for a later call; what eager code between regions made, :attr:`StepParts.glue`),
+    live until its backward has run (default 0); when that region's backward keeps none of its
+    activation inputs (it saved a cast or a product of them, as under autocast), only
+    ``training_step`` refers to them, and they die when it returns, before the backward.
 
     ``overlay``: allocations and frees of others at points of the step (FSDP's buffers,
     :func:`~lightning_memplan.core.fsdp_memory.fsdp_step_events`; the eager loss,
