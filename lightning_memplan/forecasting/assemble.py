@@ -215,17 +215,23 @@ def _fsdp_overlay(fsdp: Fsdp2Units, plans: list[RegionPlan], executions: Sequenc
     return events
 
 
+def _run_positions(plans: Sequence[RegionPlan], executions: Sequence[int]) -> dict[int, int]:
+    """``{position in executions: position in run_order's run}`` of the calls of regions in ``plans``."""
+    indices = {p.index for p in plans}
+    run_pos: dict[int, int] = {}
+    for k, i in enumerate(executions):
+        if i in indices:
+            run_pos[k] = len(run_pos)
+    return run_pos
+
+
 def _run_early(plans: Sequence[RegionPlan], executions: Sequence[int],
                early: Mapping[tuple[int, int], int]) -> dict[int, dict[int, int]]:
     """The backend's :attr:`~lightning_memplan.forecasting.backend.MemplanBackend.early_frees` or
     :attr:`~lightning_memplan.forecasting.backend.MemplanBackend.forward_frees` (keyed by positions in
     ``executions``) by position in :func:`~lightning_memplan.forecasting.layout.run_order`'s run:
     where they die -> {producer: bytes}."""
-    indices = {p.index for p in plans}
-    run_pos: dict[int, int] = {}
-    for k, i in enumerate(executions):
-        if i in indices:
-            run_pos[k] = len(run_pos)
+    run_pos = _run_positions(plans, executions)
     out: dict[int, dict[int, int]] = {}
     for (j, i), n in early.items():
         if j in run_pos and i in run_pos and n > 0:
@@ -237,11 +243,7 @@ def _run_glue(plans: Sequence[RegionPlan], executions: Sequence[int], glue: Mapp
     """The backend's :attr:`~lightning_memplan.forecasting.backend.MemplanBackend.glue` (keyed by
     positions in ``executions``) aligned with :func:`~lightning_memplan.forecasting.layout.run_order`'s
     run: bytes the eager code made before each position's forward; empty when there are none."""
-    indices = {p.index for p in plans}
-    out: list[int] = []
-    for k, i in enumerate(executions):
-        if i in indices:
-            out.append(glue.get(k, 0))
+    out = [glue.get(k, 0) for k in _run_positions(plans, executions)]  # in run order
     return tuple(out) if any(out) else ()
 
 

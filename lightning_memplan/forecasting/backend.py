@@ -146,7 +146,9 @@ class MemplanBackend:
         #: Storage keys never counted as glue: the step's inputs, parameters and buffers (set by
         #: the caller before recording).
         self.step_storages: set[int] = set()
-        self._glue_seen: set[object] = set()  # storage keys and autograd node ids already walked
+        self._glue_storages: set[int] = set()  # storage keys counted as glue
+        self._glue_nodes: set[int] = set()  # ids of the eager autograd nodes walked
+        self._output_keys: set[int] = set()  # storage keys of every recorded call's outputs
         self._forward_open = True  # no backward node of the recorded run has started yet
         #: Whether :attr:`forward_frees` and :attr:`glue` are recorded (set by the caller for
         #: regional compiles, whose looping frame runs eagerly between the regions).
@@ -163,7 +165,9 @@ class MemplanBackend:
         self.early_frees.clear()
         self.forward_frees.clear()
         self.glue.clear()
-        self._glue_seen.clear()
+        self._glue_storages.clear()
+        self._glue_nodes.clear()
+        self._output_keys.clear()
         self._forward_open = True
         self._position_outputs.clear()
         self._forward_live.clear()
@@ -334,8 +338,7 @@ class MemplanBackend:
         ``grad_fn`` that is no compiled region's), and the tensors saved by the eager autograd nodes
         below them, down to the compiled regions' nodes. Parameters, the step's inputs and buffers
         (:attr:`step_storages`), the regions' outputs and storages counted before are left out."""
-        seen = self._glue_seen
-        skip = self.step_storages | {ref.cdata for outs in self._position_outputs.values() for ref, _ in outs}
+        seen, nodes, skip = self._glue_storages, self._glue_nodes, self.step_storages | self._output_keys
         total = 0
 
         def count(t: torch.Tensor) -> None:
@@ -354,9 +357,9 @@ class MemplanBackend:
                 stack.append(a.grad_fn)
         while stack:
             node = stack.pop()
-            if node is None or ("node", id(node)) in seen or "CompiledFunction" in node.name():
+            if node is None or id(node) in nodes or "CompiledFunction" in node.name():
                 continue
-            seen.add(("node", id(node)))
+            nodes.add(id(node))
             for t in saved_tensors_of(node):
                 count(t)
             stack.extend(n for n, _ in node.next_functions)
@@ -371,9 +374,11 @@ class MemplanBackend:
         unique = {storage_key(t): t for t in leaves}
         self._position_outputs[position] = [(storage_weakref(t), int(t.untyped_storage().nbytes()))
                                             for t in unique.values()]
-        watched = {key for _, ref, _, key in self._forward_live if not ref.expired()}
-        self._forward_live.extend((position, ref, n, key) for key, (ref, n) in zip(unique, self._position_outputs[position])
-                                  if key not in watched)
+        self._output_keys.update(unique)
+        if self.watch_eager_code:
+            watched = {key for _, ref, _, key in self._forward_live if not ref.expired()}
+            self._forward_live.extend((position, ref, n, key) for key, (ref, n)
+                                      in zip(unique, self._position_outputs[position]) if key not in watched)
         node = next((t.grad_fn for t in leaves
                      if t.grad_fn is not None and "CompiledFunction" in t.grad_fn.name()), None)
         if node is None:
