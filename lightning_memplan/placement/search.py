@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from lightning_memplan.placement._cpsat import cp_sat_pack
 from lightning_memplan.placement._decide import HEURISTICS, Decider, Timeout, warm_up
 from lightning_memplan.placement.bounds import peak_live
 from lightning_memplan.placement.complete import complete
@@ -71,28 +72,21 @@ class _Space:
         ``self.found_at`` is the ``perf_counter`` time when the returned offsets were found.
 
         The search goes from the bound up: without an incumbent it races a search at the lower bound
-        (two thirds of the wall time) against one at ``capacity``, so slack never hides a packing
-        that the tight search finds (a packing at the bound answers every capacity); then it bisects.
+        (two thirds of the race's time) against one at ``capacity``, so slack never hides a packing
+        that the tight search finds (a packing at the bound answers every capacity), and gives
+        CP-SAT turns at the bound (:meth:`_first`); then it bisects.
         """
         self.found_at = time.perf_counter()
         best = incumbent
         lo = self.lower_bound
         if best is None:
-            race = [(lo, self.decider)] + ([(capacity, self.decider.fork())] if capacity > lo else [])
-            self.racers = [d for _, d in race]  # their deepest partial packings answer a failure
-            while best is None:
-                try:
-                    target, found = _race(race, deadline if race_deadline is None else min(deadline, race_deadline))
-                except Timeout:
-                    return None, False, True
-                self.found_at = time.perf_counter()
-                if found is not None:
-                    best = found
-                elif target == capacity:
-                    return None, False, False  # proven: nothing fits within capacity
-                else:
-                    lo = target + 1
-                    race = [(t, d) for t, d in race if t != target]
+            stop = deadline if race_deadline is None else min(deadline, race_deadline)
+            race = _Race([(lo, self.decider)] + ([(capacity, self.decider.fork())] if capacity > lo else []))
+            self.racers = race.deciders()  # their deepest partial packings answer a failure
+            best, lo, proven = self._first(race, lo, capacity, stop)
+            if best is None:
+                return None, False, not proven
+            self.found_at = time.perf_counter()
             if self.arena(best) <= lo:
                 return best, True, False
         # Probe the lower bound first (often tight), then bisect. A probe gets half the time left,
@@ -117,31 +111,90 @@ class _Space:
             target = (lo + hi) // 2
         return best, lo >= hi, cut
 
+    def _first(self, race: _Race, lo: int, capacity: int, stop: float) -> tuple[list[int] | None, int, bool]:
+        """The first packing within ``capacity``: ``(offsets or None, proven lower bound, whether
+        "none" is proven)``. Until ``stop``, :data:`TURNS` turns of equal length alternate the
+        compiled race (each resumed where it stopped) and CP-SAT at the lower bound (each run anew,
+        with the next random seed, from CP-SAT's default 1). The two searches answer different
+        instances (see :mod:`lightning_memplan.placement._cpsat`); the race goes first because it
+        answers most in well under a second. CP-SAT's time to answer varies with its seed by an
+        order of magnitude (perfect#22: 1 s with seed 1, no answer in 10 s with seed 0), so short
+        runs with new seeds answer more often than one long run."""
+        start = time.perf_counter()
+        for k, turn in enumerate(TURNS):
+            until = start + (k + 1) * (stop - start) / len(TURNS)
+            while True:
+                if turn == "cp-sat":
+                    if lo not in race.capacities():
+                        break  # the race has settled the bound already
+                    try:
+                        found = cp_sat_pack(self.chosen, lo, until, seed=1 + TURNS[:k].count("cp-sat"))
+                    except Timeout:
+                        break
+                    target = lo
+                    race.drop(target)
+                else:
+                    try:
+                        target, found = race.until(until)
+                    except Timeout:
+                        break
+                if found is not None:
+                    return found, lo, False
+                if target == capacity:
+                    return None, lo, True  # proven: nothing fits within capacity
+                lo = target + 1  # proven: nothing fits at the bound; the race goes on at capacity
+        return None, lo, False
+
 
 _WEIGHTS = (2, 1)
-"""Shares of wall time per racer of :func:`_race` (the first, tightest, gets more)."""
+"""Shares of wall time per racer of :class:`_Race` (the first, tightest, gets more)."""
+
+TURNS = ("race", "cp-sat", "race", "cp-sat", "race")
+"""The turns of equal length that :meth:`_Space._first` gives the compiled race and CP-SAT."""
 
 
-def _race(probes: list[tuple[int, Decider]], deadline: float) -> tuple[int, list[int] | None]:
-    """Run decision searches ``(capacity in bytes, decider)`` interleaved, slice by slice, until one
-    answers; returns its capacity and answer (offsets or ``None``: no packing). The next slice
-    always goes to the search with the least wall time spent per share of :data:`_WEIGHTS`, so
-    that time splits as the weights say even where one search's slices take longer than
-    another's. Each decider must be its own object (:meth:`Decider.fork`). Raises
-    :class:`Timeout` at ``deadline``."""
-    runs = [(cap, d.steps(cap), _WEIGHTS[min(k, len(_WEIGHTS) - 1)]) for k, (cap, d) in enumerate(probes)]
-    spent = [0.0] * len(runs)
-    while True:
-        k = min(range(len(runs)), key=lambda r: spent[r] / runs[r][2])
-        cap, steps, _ = runs[k]
-        now = time.perf_counter()
-        if now > deadline:
-            raise Timeout
-        try:
-            next(steps)
-        except StopIteration as done:
-            return cap, done.value
-        spent[k] += time.perf_counter() - now
+class _Race:
+    """Decision searches ``(capacity in bytes, decider)`` interleaved slice by slice, resumable:
+    :meth:`until` may stop at a deadline and a later call goes on from the same states. The next
+    slice always goes to the search with the least wall time spent per share of :data:`_WEIGHTS`,
+    so that time splits as the weights say even where one search's slices take longer than
+    another's. Each decider must be its own object (:meth:`Decider.fork`)."""
+
+    def __init__(self, probes: list[tuple[int, Decider]]) -> None:
+        self.runs = [
+            (cap, d, d.steps(cap), _WEIGHTS[min(k, len(_WEIGHTS) - 1)]) for k, (cap, d) in enumerate(probes)
+        ]
+        self.spent = [0.0] * len(self.runs)
+
+    def deciders(self) -> list[Decider]:
+        return [d for _, d, _, _ in self.runs]
+
+    def capacities(self) -> list[int]:
+        """The capacities (bytes) still searched."""
+        return [cap for cap, _, _, _ in self.runs]
+
+    def drop(self, capacity: int) -> None:
+        """Stop searching at ``capacity`` (answered elsewhere)."""
+        keep = [k for k, run in enumerate(self.runs) if run[0] != capacity]
+        self.runs, self.spent = [self.runs[k] for k in keep], [self.spent[k] for k in keep]
+
+    def until(self, deadline: float) -> tuple[int, list[int] | None]:
+        """Run until one search answers; its capacity and answer (offsets, or ``None``: no packing),
+        and that search is dropped. Raises :class:`Timeout` at ``deadline``, the states kept."""
+        while True:
+            if not self.runs:
+                raise Timeout
+            k = min(range(len(self.runs)), key=lambda r: self.spent[r] / self.runs[r][3])
+            cap, _, steps, _ = self.runs[k]
+            now = time.perf_counter()
+            if now > deadline:
+                raise Timeout
+            try:
+                next(steps)
+            except StopIteration as done:
+                self.drop(cap)
+                return cap, done.value
+            self.spent[k] += time.perf_counter() - now
 
 
 LNS_SHARE = 0.5

@@ -62,10 +62,11 @@ def test_zero_slack_branching_solves_a_perfect_packing_the_plain_orders_do_not()
 
 
 def test_search_falls_back_to_improvement_when_the_exact_search_finds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_answer(probes: list, deadline: float) -> tuple[int, list[int] | None]:
+    def no_answer(*args: object, **kwargs: object) -> tuple[int, list[int] | None]:
         raise Timeout  # stands for an exact search that does not close in its share of the time
 
-    monkeypatch.setattr(search, "_race", no_answer)
+    monkeypatch.setattr(search._Race, "until", no_answer)
+    monkeypatch.setattr(search, "cp_sat_pack", no_answer)
     optimum = 2**16
     bufs, _ = perfect_packing(1, 60, steps=200, capacity=optimum)
     capacity = int(1.05 * optimum)
