@@ -1,9 +1,10 @@
 """The strongest placement: exact search over canonical packings, anytime under a time limit.
 
 For one space, :func:`exact_search` minimizes the arena (bytes) between the lower bound (peak live
-bytes) and the best greedy plan: it first asks the exact decision procedure (see
-:mod:`lightning_memplan.placement._decide`) for a packing within the space's capacity when no greedy
-plan fits, then for a packing at the lower bound, then bisects the range left. Every packing it finds
+bytes) and the best greedy plan: when no greedy plan fits it asks the exact decision procedure (see
+:mod:`lightning_memplan.placement._decide`) for a packing at the lower bound and, raced against it,
+within the space's capacity, in turns with CP-SAT at the lower bound
+(:mod:`lightning_memplan.placement._cpsat`); then it bisects the range left. Every packing it finds
 is kept, so when the time limit hits it returns the best plan so far with ``timed_out=True``;
 ``optimal=True`` means the arena equals a proven bound. If no packing within capacity is found in
 the first :data:`EXACT_SHARE` of the time limit, :data:`LNS_SHARE` of the rest goes to
