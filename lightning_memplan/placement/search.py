@@ -218,7 +218,7 @@ def _start(sp: _Space, deadline: float) -> list[int]:
     best = [int(o) for o in greedy_by_size(chosen, unbounded).offset]  # type: ignore[arg-type]
     for order in HEURISTICS:
         try:
-            dive = Decider.of(chosen, heuristics=(order,), tight_heuristics=None).solve(unbounded, deadline)
+            dive = sp.decider.fork(heuristics=(order,)).solve(unbounded, deadline)
         except Timeout:
             break
         if dive is not None and sp.arena(dive) < sp.arena(best):

@@ -10,6 +10,7 @@ from _oracle import random_buffers
 from perfect_packing import perfect_packing
 
 from lightning_memplan.placement import (
+    Buffer,
     MemorySpace,
     Plan,
     _decide,
@@ -94,3 +95,22 @@ def test_hardest_shared_input_e_is_packed_at_one_mebibyte() -> None:
     assert validate(plan)
     assert plan.arena == (1048576,) == (peak_live(bufs)[0],)
     assert plan.optimal and not plan.timed_out
+
+
+def test_a_large_instance_gets_slices_small_enough_to_keep_a_deadline() -> None:
+    # A node costs about buffers squared: at 3,000 buffers a full slice of 4,096 nodes would run
+    # for seconds between two deadline checks. The first slice's budget is cut to the size, later
+    # ones to the time the last took; a small instance keeps full slices.
+    rng = np.random.default_rng(0)
+    n = 3000
+    lower = rng.integers(0, 4 * n, n)
+    length, size = rng.integers(1, n // 2, n), rng.integers(1, 65, n) * 1024
+    bufs = [Buffer(id=i, lower=int(lower[i]), upper=int(lower[i] + length[i]), size=int(size[i])) for i in range(n)]
+    big = _decider(bufs, heuristics=("WAT",), tight_heuristics=None)
+    steps = big.steps(peak_live(bufs)[0])
+    next(steps)
+    assert 1 <= big.nodes <= _decide._SLICE // 4  # one slice (and any the pools growing take)
+    small, _ = perfect_packing(13, 800, capacity=2**20)  # 800 buffers: no answer within one slice
+    d = _decider(small, heuristics=("WAT",), tight_heuristics=None)
+    next(d.steps(2**20))
+    assert d.nodes >= _decide._SLICE
