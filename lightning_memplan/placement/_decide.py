@@ -23,7 +23,8 @@ the placed buffers it overlaps), and offsets never decrease along a branch. Prun
   restart under a larger node limit would only replay the nodes it has already searched.)
 
 The search itself runs compiled (:mod:`lightning_memplan.placement._kernels`) on an explicit
-stack, in slices of a few thousand nodes between which the deadline is checked.
+stack, in slices of at most a few thousand nodes (fewer on large instances, see
+:data:`_SLICE_SECONDS`) between which the deadline is checked.
 
 Units: bytes and sections; lifetimes half-open. Internal module: the public entry point is
 :func:`lightning_memplan.placement.search.exact_search`.
@@ -66,7 +67,7 @@ _SLICE_SECONDS = 0.5
 """Longest a compiled call should take (seconds), so that a deadline is kept to about this much.
 A node costs about :data:`_NODE_SECONDS` x buffers squared (35 us at 420 buffers, 13 ms at 8,000),
 so the first call's node budget is estimated from the size and each later one from the time the
-last call took, never above :data:`_SLICE` (instances of up to about 500 buffers keep full slices)."""
+last call took, never above :data:`_SLICE` (instances of up to about 780 buffers start with full slices)."""
 
 _NODE_SECONDS = 2e-10
 """Seconds per node per buffer squared: the first call's estimate (measured: 2.0e-10 at 420 and at 8,000 buffers)."""
