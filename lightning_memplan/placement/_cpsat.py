@@ -41,7 +41,7 @@ def cp_sat_pack(buffers: Sequence[Buffer], capacity: int, deadline: float, *, se
     """Offsets (bytes, per buffer in order) of a packing within ``capacity`` bytes, or ``None`` if none exists.
 
     Args:
-        buffers: every size > 0 bytes and at most ``capacity``; lifetimes half-open time steps.
+        buffers: every size > 0 bytes; lifetimes half-open time steps.
         capacity: bytes no buffer's end may pass.
         deadline: ``time.perf_counter()`` seconds; at it the search stops.
         seed: CP-SAT's random seed (the search is parallel, so runs may still differ).
@@ -53,6 +53,8 @@ def cp_sat_pack(buffers: Sequence[Buffer], capacity: int, deadline: float, *, se
     """
     if not buffers:
         return []
+    if max(b.size for b in buffers) > capacity:
+        return None
     unit = 0
     for b in buffers:
         unit = math.gcd(unit, b.size)
@@ -79,6 +81,8 @@ def cp_sat_pack(buffers: Sequence[Buffer], capacity: int, deadline: float, *, se
     status = solver.solve(model)
     if status == cp_model.INFEASIBLE:
         return None
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if status == cp_model.UNKNOWN:
         raise Timeout
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise RuntimeError(f"CP-SAT rejected the placement model: {model.validate() or solver.status_name(status)}")
     return [int(solver.value(slot)) * step * unit for slot, step in ys]
