@@ -61,8 +61,9 @@ def decide_plan(
     ``forward`` is ``module``'s original forward, called as ``forward(*args, **kwargs)``; the
     candidates are forecast on ``settings.search_backend`` (the plan's blocks are named relative to
     ``module``, its ``backend`` is ``settings.backend``; its ``regional`` blocks, from
-    ``settings.regional`` (:func:`~lightning_memplan.planner.regional.wants_regional`), are compiled on their own in every candidate). Candidates are judged by the memory of the
-    Lightning training step ``loop`` runs (:func:`lightning_step_memory`, bytes).
+    ``settings.regional`` (:func:`~lightning_memplan.planner.regional.wants_regional`), are compiled
+    on their own in every candidate). Candidates are judged by the memory of the Lightning training
+    step ``loop`` runs (:func:`lightning_step_memory`, bytes).
     When nothing fits ``max_memory``, warns (:class:`MemPlanWarning`, ``f"{call}: ..."``, ``stacklevel``
     as for ``warnings.warn``: 2 points at the caller) and returns the plan with the smallest
     forecast; ``warned``, a list, receives that message. ``kept``: a list that receives the

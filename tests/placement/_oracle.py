@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from lightning_memplan.placement import Buffer
+from lightning_memplan.placement import Buffer, MemorySpace, Plan
 
 
 def random_buffers(rng: np.random.Generator, n: int, *, horizon: int = 10, max_size: int = 8, align: bool = False) -> list[Buffer]:
@@ -38,3 +38,9 @@ def brute_force_arena(buffers: list[Buffer]) -> int:
         arena = max(top.values(), default=0)
         best = arena if best is None else min(best, arena)
     return best or 0
+
+
+def one_space_plan(buffers: list[Buffer], offsets: list[int], capacity: int) -> Plan:
+    """``buffers`` at ``offsets`` (bytes, in order) in one space of ``capacity`` bytes, for the validator."""
+    return Plan(buffers=tuple(buffers), spaces=(MemorySpace(name="m", capacity=capacity),), space=(0,) * len(buffers),
+                offset=tuple(offsets), algorithm="test")

@@ -5,18 +5,12 @@ import time
 
 import numpy as np
 import pytest
-from _oracle import brute_force_arena, random_buffers
+from _oracle import brute_force_arena, one_space_plan, random_buffers
 from perfect_packing import perfect_packing
 
-from lightning_memplan.placement import Buffer, Plan, exact_search, peak_live, search, validate
+from lightning_memplan.placement import Buffer, exact_search, peak_live, search, validate
 from lightning_memplan.placement._cpsat import cp_sat_pack
 from lightning_memplan.placement._decide import Decider, Timeout
-from lightning_memplan.placement.model import as_buffers, as_spaces
-
-
-def _plan(bufs: list[Buffer], offsets: list[int], capacity: int) -> Plan:
-    return Plan(buffers=as_buffers(bufs), spaces=as_spaces(capacity), space=(0,) * len(bufs), offset=tuple(offsets),
-                algorithm="cp-sat", optimal=False, timed_out=False, seconds=0.0, seconds_to_best=0.0)
 
 
 @pytest.mark.parametrize(("seed", "alignment", "pinwheels"), [(0, 1, 0.3), (1, 256, 0.3), (2, 512, 0.0)])
@@ -24,7 +18,7 @@ def test_cp_sat_packs_a_perfect_packing_at_its_optimum(seed: int, alignment: int
     optimum = 2**16
     bufs, _ = perfect_packing(seed, 60, steps=200, capacity=optimum, alignment=alignment, pinwheels=pinwheels)
     offsets = cp_sat_pack(bufs, optimum, time.perf_counter() + 60)
-    assert offsets is not None and validate(_plan(bufs, offsets, optimum))
+    assert offsets is not None and validate(one_space_plan(bufs, offsets, optimum))
     assert max(o + b.size for o, b in zip(offsets, bufs)) == optimum
 
 
@@ -38,7 +32,7 @@ def test_cp_sat_agrees_with_brute_force_on_small_random_instances() -> None:
             continue
         best = brute_force_arena(bufs)
         offsets = cp_sat_pack(bufs, best, time.perf_counter() + 30)
-        assert offsets is not None and validate(_plan(bufs, offsets, best)), (trial, bufs)
+        assert offsets is not None and validate(one_space_plan(bufs, offsets, best)), (trial, bufs)
         assert cp_sat_pack(bufs, best - 1, time.perf_counter() + 30) is None, (trial, bufs)
 
 
@@ -53,7 +47,7 @@ def test_cp_sat_proves_that_nothing_fits_at_the_live_peak_when_alignment_leaves_
     assert peak_live(bufs)[0] == 4 and brute_force_arena(bufs) == 5
     assert cp_sat_pack(bufs, 4, time.perf_counter() + 30) is None
     offsets = cp_sat_pack(bufs, 5, time.perf_counter() + 30)
-    assert offsets is not None and validate(_plan(bufs, offsets, 5))
+    assert offsets is not None and validate(one_space_plan(bufs, offsets, 5))
 
 
 def test_cp_sat_stops_at_its_deadline() -> None:

@@ -2,16 +2,12 @@
 from __future__ import annotations
 
 import pytest
+from _oracle import one_space_plan
 from perfect_packing import perfect_packing
 
-from lightning_memplan.placement import MemorySpace, Plan, exact_search, greedy_by_size, search, validate
+from lightning_memplan.placement import exact_search, greedy_by_size, search, validate
 from lightning_memplan.placement._decide import Decider, Timeout
 from lightning_memplan.placement.improve import improve
-
-
-def _plan(bufs: list, offsets: list[int], capacity: int) -> Plan:
-    return Plan(buffers=tuple(bufs), spaces=(MemorySpace(name="m", capacity=capacity),), space=(0,) * len(bufs),
-                offset=tuple(offsets), algorithm="test")
 
 
 @pytest.mark.parametrize(("seed", "alignment"), [(0, 1), (1, 256), (2, 512)])
@@ -21,7 +17,7 @@ def test_improve_takes_a_greedy_plan_to_the_optimum_of_a_perfect_packing(seed: i
     start = greedy_by_size(bufs, 2**30)
     assert start.arena[0] > 1.1 * optimum  # greedy is far off
     offsets, _ = improve(bufs, list(start.offset), optimum, float("inf"), moves=300)
-    plan = _plan(bufs, offsets, 2**30)
+    plan = one_space_plan(bufs, offsets, 2**30)
     assert validate(plan) and plan.arena[0] <= 1.02 * optimum
 
 
@@ -32,7 +28,7 @@ def test_improve_never_returns_a_worse_plan_and_stops_at_the_bound() -> None:
     start = greedy_by_size(bufs, 2**30)
     for moves in (1, 3, 10):
         offsets, _ = improve(bufs, list(start.offset), 2**14, float("inf"), moves=moves)
-        plan = _plan(bufs, offsets, 2**30)
+        plan = one_space_plan(bufs, offsets, 2**30)
         assert validate(plan) and plan.arena[0] <= start.arena[0]
 
 
@@ -50,7 +46,7 @@ def test_zero_slack_branching_solves_a_perfect_packing_the_plain_orders_do_not()
     tight = Decider(*cols)
     offsets = tight.solve(2**20, float("inf"))
     assert offsets is not None and tight.nodes < 20_000
-    assert validate(_plan(bufs, offsets, 2**20))
+    assert validate(one_space_plan(bufs, offsets, 2**20))
     plain = Decider(*cols, tight_heuristics=None)  # the plain orders only
     steps = plain.steps(2**20)
     for _ in range(50):  # 50 slices of 4096 nodes: 10x what the tight orders needed

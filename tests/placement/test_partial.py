@@ -3,12 +3,11 @@ the exact search's deepest partial packing, greedy completion, window repairs an
 from __future__ import annotations
 
 import pytest
+from _oracle import one_space_plan
 from perfect_packing import perfect_packing
 
 from lightning_memplan.placement import (
     Buffer,
-    MemorySpace,
-    Plan,
     exact_search,
     greedy_by_position,
     greedy_by_size,
@@ -23,8 +22,7 @@ from lightning_memplan.placement.greedy import fill
 def _valid_partial(bufs: list[Buffer], offsets: list[int | None], capacity: int) -> bool:
     """Whether the placed buffers (offset not ``None``) form a valid packing within ``capacity``."""
     placed = [(b, o) for b, o in zip(bufs, offsets) if o is not None]
-    plan = Plan(buffers=tuple(b for b, _ in placed), spaces=(MemorySpace(name="m", capacity=capacity),),
-                space=(0,) * len(placed), offset=tuple(o for _, o in placed), algorithm="test")
+    plan = one_space_plan([b for b, _ in placed], [o for _, o in placed], capacity)
     return bool(validate(plan))
 
 

@@ -6,13 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _oracle import random_buffers
+from _oracle import one_space_plan, random_buffers
 from perfect_packing import perfect_packing
 
 from lightning_memplan.placement import (
     Buffer,
-    MemorySpace,
-    Plan,
     _decide,
     exact_search,
     peak_live,
@@ -31,10 +29,7 @@ def _decider(bufs, **kwargs):
 
 def _valid(bufs, offsets: list[int], capacity: int) -> bool:
     """The validator's verdict on these offsets (input order) in one space of ``capacity`` bytes."""
-    bufs = tuple(b for b in bufs if b.size > 0)
-    plan = Plan(buffers=bufs, spaces=(MemorySpace(name="m", capacity=capacity),), space=(0,) * len(bufs),
-                offset=tuple(offsets), algorithm="test")
-    return bool(validate(plan))
+    return bool(validate(one_space_plan([b for b in bufs if b.size > 0], offsets, capacity)))
 
 
 def test_slices_of_one_node_and_tiny_pools_give_the_same_answers(monkeypatch: pytest.MonkeyPatch) -> None:
