@@ -3,8 +3,9 @@
 For one space, :func:`exact_search` minimizes the arena (bytes) between the lower bound (peak live
 bytes) and the best greedy plan: when no greedy plan fits it asks the exact decision procedure (see
 :mod:`lightning_memplan.placement._decide`) for a packing at the lower bound and, raced against it,
-within the space's capacity, in turns with CP-SAT at the lower bound
-(:mod:`lightning_memplan.placement._cpsat`); then it bisects the range left. Every packing it finds
+within the space's capacity, in turns with the same search on coalesced buffers
+(:mod:`lightning_memplan.placement.coalesce`) and CP-SAT (:mod:`lightning_memplan.placement._cpsat`)
+at the lower bound; then it bisects the range left. Every packing it finds
 is kept, so when the time limit hits it returns the best plan so far with ``timed_out=True``;
 ``optimal=True`` means the arena equals a proven bound. If no packing within capacity is found in
 the first :data:`EXACT_SHARE` of the time limit, :data:`LNS_SHARE` of the rest goes to
@@ -23,11 +24,13 @@ Zero-size buffers occupy no bytes and are put at offset 0 of the first space.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from typing import Protocol
 
 from lightning_memplan.placement._cpsat import cp_sat_pack
 from lightning_memplan.placement._decide import HEURISTICS, Decider, Timeout, warm_up
 from lightning_memplan.placement.bounds import peak_live
+from lightning_memplan.placement.coalesce import Coalesced, coalesce
 from lightning_memplan.placement.complete import complete
 from lightning_memplan.placement.greedy import fill, greedy_by_position, greedy_by_size
 from lightning_memplan.placement.improve import improve
@@ -58,6 +61,15 @@ class _Space:
         self.lower_bound = peak_live(self.chosen)[0]
         self.racers: list[Decider] = []
 
+    def coalesced(self) -> list[Coalesced]:
+        """The distinct coalescings of the members (:data:`COALESCE_STACKS`) with fewer buffers."""
+        out: list[Coalesced] = []
+        for most in COALESCE_STACKS:
+            c = coalesce(self.chosen, stack=most)
+            if len(c.buffers) < len(self.chosen) and all((c.into, c.shift) != (o.into, o.shift) for o in out):
+                out.append(c)
+        return out
+
     def arena(self, offsets: list[int]) -> int:
         return max((o + self.bufs[i].size for i, o in zip(self.members, offsets)), default=0)
 
@@ -75,7 +87,8 @@ class _Space:
         The search goes from the bound up: without an incumbent it races a search at the lower bound
         (two thirds of the race's time) against one at ``capacity``, so slack never hides a packing
         that the tight search finds (a packing at the bound answers every capacity), and gives
-        CP-SAT turns at the bound (:meth:`_first`); then it bisects.
+        the search on coalesced buffers and CP-SAT turns at the bound (:meth:`_first`); then it
+        bisects.
         """
         self.found_at = time.perf_counter()
         best = incumbent
@@ -83,7 +96,8 @@ class _Space:
         if best is None:
             stop = deadline if race_deadline is None else min(deadline, race_deadline)
             race = _Race([(lo, self.decider)] + ([(capacity, self.decider.fork())] if capacity > lo else []))
-            self.racers = race.deciders()  # their deepest partial packings answer a failure
+            # Their deepest partial packings answer a failure.
+            self.racers = [d for d in race.deciders() if isinstance(d, Decider)]
             best, lo, proven = self._first(race, lo, capacity, stop)
             if best is None:
                 return None, False, not proven
@@ -115,19 +129,32 @@ class _Space:
     def _first(self, race: _Race, lo: int, capacity: int, stop: float) -> tuple[list[int] | None, int, bool]:
         """The first packing within ``capacity``: ``(offsets or None, proven lower bound, whether
         "none" is proven)``. Until ``stop``, :data:`TURNS` turns of equal length alternate the
-        compiled race (each resumed where it stopped) and CP-SAT at the lower bound (each run anew,
-        with the next random seed, from CP-SAT's default 1). The two searches answer different
-        instances (see :mod:`lightning_memplan.placement._cpsat`); the race goes first because it
-        answers most in well under a second. CP-SAT's time to answer varies with its seed by an
-        order of magnitude (perfect#22: 1 s with seed 1, no answer in 10 s with seed 0), so short
-        runs with new seeds answer more often than one long run."""
+        compiled race (each resumed where it stopped), the compiled search on coalesced buffers
+        at the lower bound (:meth:`coalesced`; resumed too) and CP-SAT at the lower bound (each run
+        anew, with the next random seed, from CP-SAT's default 1). The three answer different
+        instances (see :mod:`lightning_memplan.placement._cpsat` and
+        :mod:`lightning_memplan.placement.coalesce`); the race goes first because it answers most in
+        well under a second. CP-SAT's time to answer varies with its seed by an order of magnitude
+        (perfect#22: 1 s with seed 1, no answer in 10 s with seed 0), so short runs with new seeds
+        answer more often than one long run. The coalesced search proves nothing when it finds
+        nothing: then its turns pass."""
         start = time.perf_counter()
+        shortcut: _Race | None = None
         for k, turn in enumerate(TURNS):
             until = start + (k + 1) * (stop - start) / len(TURNS)
             while True:
-                if turn == "cp-sat":
-                    if lo not in race.capacities():
-                        break  # the race has settled the bound already
+                if lo not in race.capacities() and turn != "race":
+                    break  # the race has settled the bound already
+                if turn == "coalesced":
+                    if lo != self.lower_bound:
+                        break
+                    if shortcut is None:
+                        shortcut = _Race([(lo, _Expanded(c)) for c in self.coalesced()], proves=False)
+                    try:
+                        target, found = shortcut.until(until)
+                    except Timeout:
+                        break
+                elif turn == "cp-sat":
                     try:
                         found = cp_sat_pack(self.chosen, lo, until, seed=1 + TURNS[:k].count("cp-sat"))
                     except Timeout:
@@ -150,8 +177,35 @@ class _Space:
 _WEIGHTS = (2, 1)
 """Shares of wall time per racer of :class:`_Race` (the first, tightest, gets more)."""
 
-TURNS = ("race", "cp-sat", "race", "cp-sat", "race")
-"""The turns of equal length that :meth:`_Space._first` gives the compiled race and CP-SAT."""
+TURNS = ("race", "coalesced", "cp-sat", "race", "cp-sat", "race")
+"""The turns of equal length that :meth:`_Space._first` gives the compiled race, the compiled search
+on coalesced buffers and CP-SAT."""
+
+COALESCE_STACKS = (2, None)
+"""The largest groups of same-lifetime buffers stacked into one by the coalescings searched
+(:func:`lightning_memplan.placement.coalesce.coalesce`; ``None``: any). Pairs alone and whole groups
+answer different instances (perfect#29 of ``benchmarks/placement.py`` coalesces to 269 and 239
+buffers: the first is packed at the bound in under a second, the second not in 10 s)."""
+
+
+class _Steps(Protocol):
+    """A decision search run one slice at a time (as :meth:`Decider.steps`)."""
+
+    def steps(self, capacity: int) -> Generator[None, None, list[int] | None]: ...
+
+
+class _Expanded:
+    """The compiled search on coalesced buffers, answering with offsets (bytes) of the original
+    buffers (in the order given to :func:`lightning_memplan.placement.coalesce.coalesce`). ``None``
+    means only that no packing keeps the coalesced buffers together."""
+
+    def __init__(self, coalesced: Coalesced) -> None:
+        self.coalesced = coalesced
+        self.decider = Decider.of(coalesced.buffers)
+
+    def steps(self, capacity: int) -> Generator[None, None, list[int] | None]:
+        found = yield from self.decider.steps(capacity)
+        return None if found is None else self.coalesced.expand(found)
 
 
 class _Race:
@@ -159,15 +213,17 @@ class _Race:
     :meth:`until` may stop at a deadline and a later call goes on from the same states. The next
     slice always goes to the search with the least wall time spent per share of :data:`_WEIGHTS`,
     so that time splits as the weights say even where one search's slices take longer than
-    another's. Each decider must be its own object (:meth:`Decider.fork`)."""
+    another's. Each decider must be its own object (:meth:`Decider.fork`). With ``proves=False``
+    (heuristic searches) a search that finds nothing is dropped and the others go on."""
 
-    def __init__(self, probes: list[tuple[int, Decider]]) -> None:
+    def __init__(self, probes: Sequence[tuple[int, _Steps]], *, proves: bool = True) -> None:
         self.runs = [
             (cap, d, d.steps(cap), _WEIGHTS[min(k, len(_WEIGHTS) - 1)]) for k, (cap, d) in enumerate(probes)
         ]
         self.spent = [0.0] * len(self.runs)
+        self.proves = proves
 
-    def deciders(self) -> list[Decider]:
+    def deciders(self) -> list[_Steps]:
         return [d for _, d, _, _ in self.runs]
 
     def capacities(self) -> list[int]:
@@ -181,7 +237,8 @@ class _Race:
 
     def until(self, deadline: float) -> tuple[int, list[int] | None]:
         """Run until one search answers; its capacity and answer (offsets, or ``None``: no packing),
-        and that search is dropped. Raises :class:`Timeout` at ``deadline``, the states kept."""
+        and that search is dropped (with ``proves``, every search at that capacity). Raises
+        :class:`Timeout` at ``deadline``, the states kept, or when no search is left."""
         while True:
             if not self.runs:
                 raise Timeout
@@ -193,8 +250,11 @@ class _Race:
             try:
                 next(steps)
             except StopIteration as done:
-                self.drop(cap)
-                return cap, done.value
+                if done.value is not None or self.proves:
+                    self.drop(cap)
+                    return cap, done.value
+                del self.runs[k], self.spent[k]
+                continue
             self.spent[k] += time.perf_counter() - now
 
 
