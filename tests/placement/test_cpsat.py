@@ -51,7 +51,7 @@ def test_cp_sat_proves_that_nothing_fits_at_the_live_peak_when_alignment_leaves_
 
 
 def test_cp_sat_stops_at_its_deadline() -> None:
-    bufs, _ = perfect_packing(29, 400, capacity=2**20, pinwheels=0.2)  # perfect#29: neither search answers quickly
+    bufs, _ = perfect_packing(29, 400, capacity=2**20, pinwheels=0.2)  # perfect#29: CP-SAT does not answer it quickly
     with pytest.raises(Timeout):
         cp_sat_pack(bufs, 2**20, time.perf_counter() + 0.5)
 
