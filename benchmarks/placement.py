@@ -104,6 +104,18 @@ PERFECT = [  # (seed, buffers, alignment in bytes, pinwheel probability): guillo
     (27, 300, 1, 0.5),
     (28, 200, 1, 0.5),
     (29, 400, 1, 0.2),
+    # Ten more of 160-420 buffers, seeds 30-39 taken in a row, first run as a hold-out for the
+    # coalesced search (tuned on the ones above): sizes, pinwheel share and alignment cycle.
+    (30, 160, 1, 0.2),
+    (31, 200, 256, 0.3),
+    (32, 250, 512, 0.5),
+    (33, 300, 1, 0.0),
+    (34, 350, 256, 0.3),
+    (35, 400, 512, 0.2),
+    (36, 420, 1, 0.3),
+    (37, 180, 256, 0.5),
+    (38, 280, 512, 0.0),
+    (39, 380, 1, 0.3),
 ]
 
 
