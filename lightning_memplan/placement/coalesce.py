@@ -81,16 +81,18 @@ def _chains(items: list[_Item]) -> list[_Item]:
     for k, (lower, upper, size, _, _) in enumerate(items):
         dying[(upper, size)].append(k)
         born[(lower, size)].append(k)
-    merged: dict[int, _Item] = {}
-    used: set[int] = set()
+    out = list(items)
+    used: set[int] = set()  # items merged in this pass, either side
+    gone: set[int] = set()  # the later halves, now inside their predecessors
     for key, ks in dying.items():
         bs = born.get(key, [])
         if len(ks) != 1 or len(bs) != 1 or ks[0] in used or bs[0] in used:
             continue
         a, b = items[ks[0]], items[bs[0]]
         used.update((ks[0], bs[0]))
-        merged[ks[0]] = (a[0], b[1], a[2], math.lcm(a[3], b[3]), a[4] + b[4])
-    return [merged[k] if k in merged else it for k, it in enumerate(items) if k in merged or k not in used]
+        gone.add(bs[0])
+        out[ks[0]] = (a[0], b[1], a[2], math.lcm(a[3], b[3]), a[4] + b[4])
+    return [it for k, it in enumerate(out) if k not in gone]
 
 
 def coalesce(buffers: Sequence[Buffer], *, stack: int | None = None) -> Coalesced:

@@ -95,9 +95,9 @@ class _Space:
         lo = self.lower_bound
         if best is None:
             stop = deadline if race_deadline is None else min(deadline, race_deadline)
-            race = _Race([(lo, self.decider)] + ([(capacity, self.decider.fork())] if capacity > lo else []))
-            # Their deepest partial packings answer a failure.
-            self.racers = [d for d in race.deciders() if isinstance(d, Decider)]
+            probes = [(lo, self.decider)] + ([(capacity, self.decider.fork())] if capacity > lo else [])
+            self.racers = [d for _, d in probes]  # their deepest partial packings answer a failure
+            race = _Race(probes)
             best, lo, proven = self._first(race, lo, capacity, stop)
             if best is None:
                 return None, False, not proven
@@ -222,9 +222,6 @@ class _Race:
         ]
         self.spent = [0.0] * len(self.runs)
         self.proves = proves
-
-    def deciders(self) -> list[_Steps]:
-        return [d for _, d, _, _ in self.runs]
 
     def capacities(self) -> list[int]:
         """The capacities (bytes) still searched."""
