@@ -14,7 +14,7 @@ PKG = ROOT / "lightning_memplan"
 #: Lowest first. A module may import its own layer and those below; packages are named by their
 #: top folder, single modules by their name.
 LAYERS: list[set[str]] = [
-    {"units", "plan", "text", "_native_io"},
+    {"units", "plan", "text", "_native_io", "targets"},
     {"solvers", "placement"},
     {"core"},
     {"_torch"},
@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"cli", "demo", "bench"},
 ]
 #: Packages that must import with torch absent.
-PURE = ["lightning_memplan.units", "lightning_memplan.text", "lightning_memplan.plan", "lightning_memplan.solvers",
+PURE = ["lightning_memplan.units", "lightning_memplan.targets", "lightning_memplan.text", "lightning_memplan.plan", "lightning_memplan.solvers",
         "lightning_memplan.placement", "lightning_memplan.core", "lightning_memplan.core.simulate",
         "lightning_memplan.core.remat", "lightning_memplan.core.cuda_allocator", "lightning_memplan.core.front",
         "lightning_memplan.core.peaks", "lightning_memplan.core.instance_patch"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from lightning_memplan._torch.version import require
 
 __all__ = [
+    "codegen_only",
     "compile_fx",
     "compile_fx_inner",
     "inductor_partitioner",
@@ -33,6 +35,36 @@ def compile_fx() -> Callable[..., Any]:
 
 def compile_fx_inner() -> Callable[..., Any]:
     return require("torch._inductor.compile_fx", "compile_fx_inner")
+
+
+@contextlib.contextmanager
+def codegen_only() -> Iterator[None]:
+    """Within the block, inductor lowers, schedules, plans its buffers and writes its wrapper's source
+    (so the schedule and wrapper probes see what a real compile does) but builds and loads nothing:
+    ``GraphLowering._compile_to_module_lines`` writes the source and returns a module whose ``call``
+    raises. The caller runs something else in the compiled graph's place (on fake tensors, the
+    graph as it was before inductor's passes). Restored on exit."""
+    cls = require("torch._inductor.graph", "GraphLowering")
+    code_cache = require("torch._inductor.codecache", "PyCodeCache")
+    orig = cls._compile_to_module_lines
+
+    def _compile_to_module_lines(self: Any, wrapper_code: Any) -> Any:
+        key, path = code_cache.write(wrapper_code.value)
+        mod = types.ModuleType("memplan_codegen_only")
+        mod.__file__ = path
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("lightning_memplan: a codegen-only inductor module is not runnable")
+
+        mod.call = call  # type: ignore[attr-defined]
+        self.cache_key, self.cache_path, self.cache_linemap = key, path, []
+        return mod
+
+    cls._compile_to_module_lines = _compile_to_module_lines
+    try:
+        yield
+    finally:
+        cls._compile_to_module_lines = orig
 
 
 @contextlib.contextmanager

@@ -37,7 +37,9 @@ import torch.nn as nn
 
 from lightning_memplan._torch.autograd import in_backward
 from lightning_memplan._torch.dynamo import frame_mutations, graph_caches_off_patch, lazy_graph_module
+from lightning_memplan._torch.fake import fake_inputs
 from lightning_memplan._torch.inductor import (
+    codegen_only,
     compile_fx,
     compile_fx_inner,
     inductor_partitioner,
@@ -465,7 +467,14 @@ class MemplanBackend:
                         region.errors.append(f"inductor wrapper probe unavailable: {err}")
                 t1 = time.perf_counter()
                 try:
-                    return compile_inner(g, ex, **kw)
+                    if not fake_inputs(ex):
+                        return compile_inner(g, ex, **kw)
+                    # fake tensors: inductor plans and writes its code, nothing is built; the
+                    # graph as it was before inductor's passes runs in its place
+                    runner = _snapshot(g)
+                    with codegen_only():
+                        compile_inner(g, ex, **kw)
+                    return boxed_nop()(runner, ex)
                 finally:
                     if is_backward:  # the forward is timed by the backend call around it
                         region.compile_seconds += time.perf_counter() - t1

@@ -19,6 +19,7 @@ from lightning_memplan.forecasting.backend import memplan_backend
 from lightning_memplan.forecasting.capture import RegionCapture
 from lightning_memplan.forecasting.checkpointed_calls import with_checkpointed_calls
 from lightning_memplan.forecasting.compile_step import compile_step
+from lightning_memplan.forecasting.estimate import check_target, estimated, finish_estimate
 from lightning_memplan.forecasting.optim_memory import optimizer_memory
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.validate import (
@@ -45,6 +46,7 @@ def forecast_sweep(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     regional: Sequence[str] = (),
+    target: str | None = None,
 ) -> dict[float, Forecast]:
     """Forecast several budgets from ONE compile: trace once, partition the same joint graph under
     every budget (``aot_eager``), run forward and backward once with the first budget's plan.
@@ -54,14 +56,15 @@ def forecast_sweep(
     peak); only the first budget's ``step()`` trains, the others raise a ``RuntimeError`` (their plan
     was partitioned, never compiled to run: call :func:`forecast` with that budget to train with it).
     ``compile_seconds`` is the shared compiling run's, the same in every forecast. ``regional``: as
-    :func:`forecast`'s (each region's graph partitioned under every budget).
+    :func:`forecast`'s (each region's graph partitioned under every budget). ``target``: as
+    :func:`forecast`'s (an estimate on fake tensors; no forecast's ``step()`` trains).
 
     Raises:
         ValueError: bad arguments (as :func:`forecast`), or no budget.
         RuntimeError: a torch without the features needed (torch < 2.11).
     """
     grid = _grid(model, example_inputs, budgets=budgets, checkpoint_sets=((),), solver=solver, loss_fn=loss_fn,
-                 optimizer=optimizer, call="forecast_sweep", regional=regional)
+                 optimizer=optimizer, call="forecast_sweep", regional=regional, target=target)
     return {b: fc for (_, b), fc in grid.items()}
 
 
@@ -77,6 +80,7 @@ def forecast_grid(
     run: tuple[Sequence[str], float] | None = None,
     remat_budgets: Sequence[float] = (),
     regional: Sequence[str] = (),
+    target: str | None = None,
 ) -> dict[GridKey, Forecast]:
     """Forecast every plan (checkpointed blocks, budget) from ONE compile of the unchanged model.
 
@@ -105,7 +109,8 @@ def forecast_grid(
     other blocks, nor be ``run``.
 
     Returns ``{(checkpoint_set, budget): Forecast}``, sets in the order given, then budgets, then
-    ``{("remat", budget): Forecast}`` in the order of ``remat_budgets``.
+    ``{("remat", budget): Forecast}`` in the order of ``remat_budgets``. ``target``: as
+    :func:`forecast`'s (every plan an estimate on fake tensors, made without running).
 
     Raises:
         ValueError: bad arguments (as :func:`forecast`), no budget, a name that is not a submodule,
@@ -115,7 +120,7 @@ def forecast_grid(
     """
     return _grid(model, example_inputs, budgets=budgets, checkpoint_sets=checkpoint_sets, solver=solver,
                  loss_fn=loss_fn, optimizer=optimizer, call="forecast_grid", run=run, remat_budgets=remat_budgets,
-                 regional=regional)
+                 regional=regional, target=target)
 
 
 def _grid(
@@ -131,6 +136,7 @@ def _grid(
     run: tuple[Sequence[str], float] | None = None,
     remat_budgets: Sequence[float] = (),
     regional: Sequence[str] = (),
+    target: str | None = None,
 ) -> dict[GridKey, Forecast]:
     """:func:`forecast_grid`'s work, its errors naming ``call`` (the public function called)."""
     bs = check_budgets(budgets, call, "budgets", empty=False)
@@ -155,6 +161,13 @@ def _grid(
         raise ValueError(f"`{call}(run={run!r})` must be one of the plans: a checkpoint set of checkpoint_sets "
                          f"and a budget of budgets, e.g. ({list(sets[-1])!r}, {bs[0]!r}); not a set of blocks "
                          "compiled on their own (regional).")
+    tgt = check_target(target, model, inputs, call)
+    if tgt is not None:
+        with estimated(model, inputs, optimizer, tgt, call) as (fake, ws):
+            grid = _grid(fake.model, fake.inputs, budgets=bs, checkpoint_sets=checkpoint_sets, solver=solver,
+                         loss_fn=loss_fn, optimizer=fake.optimizer, call=call, run=run, remat_budgets=rbs,
+                         regional=regional)
+        return {key: finish_estimate(fc, tgt, ws) for key, fc in grid.items()}
     be = memplan_backend(budget=run_b, solver=solver, inner="aot_eager", sweep=bs,  # type: ignore[arg-type]
                          sweep_checkpoints=[s for s in emulated if s not in on_own], model=model,
                          run_checkpoint=run_ck, sweep_remat=rbs, whole_region=bool(on_own))

@@ -124,6 +124,10 @@ class Forecast:
     #: call of the model; empty when the loss was forecast inside the compiled graph (``loss_fn``)
     #: or none was laid in.
     eager_losses: tuple[EagerLoss, ...] = ()
+    #: The device this forecast is an estimate for, made on fake tensors without running
+    #: (:mod:`lightning_memplan.forecasting.estimate`; ``step()`` raises); ``None`` when it was made
+    #: by running the step.
+    target: str | None = None
     _step: Callable[[], torch.Tensor] = field(repr=False, compare=False)
     #: Calls of the model per step the timeline is laid out for (:meth:`repeated`).
     _calls: int = field(default=1, repr=False, compare=False)
@@ -138,8 +142,23 @@ class Forecast:
     _parts: StepParts | None = field(default=None, repr=False, compare=False)
 
     def step(self) -> torch.Tensor:
-        """Run one training step compiled with this plan; return the (detached) loss."""
+        """Run one training step compiled with this plan; return the (detached) loss.
+
+        Raises:
+            RuntimeError: an estimate (``target`` set): there is no step to run.
+        """
         return self._step()
+
+    @property
+    def estimate(self) -> bool:
+        """Whether this forecast was made without running (on fake tensors, for ``target``)."""
+        return self.target is not None
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        """Bytes the CUDA caching allocator reserves for the step, baseline included (what an
+        out-of-memory error is about); ``None`` when its model did not run (not CUDA)."""
+        return self.cuda_allocator.reserved_peak_bytes if self.cuda_allocator is not None else None
 
     @property
     def calls(self) -> int:

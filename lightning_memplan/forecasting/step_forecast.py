@@ -31,6 +31,7 @@ import torch.nn as nn
 from lightning_memplan.forecasting.assemble import PlanCapture, assemble_forecast
 from lightning_memplan.forecasting.backend import memplan_backend
 from lightning_memplan.forecasting.compile_step import compile_step
+from lightning_memplan.forecasting.estimate import check_target, estimated, finish_estimate
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.forecasting.validate import (
     check_budget,
@@ -53,6 +54,7 @@ def forecast(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     regional: Sequence[str] = (),
+    target: str | None = None,
 ) -> Forecast:
     """Compile one training step of ``model`` with this budget and solver, and forecast its peak.
 
@@ -74,9 +76,16 @@ def forecast(
             regional compilation does (``for layer in model.layers: layer.compile()``): the graph
             breaks around each, and blocks of one class and shapes share one compiled graph, its
             budget applied to that graph. ``()``: one compile of the whole model.
+        target: the device the step is forecast for without running: ``"cpu"``, ``"cuda"`` or a
+            named GPU (:data:`lightning_memplan.targets.TARGETS`: ``"H100"``, ``"A100-80GB"``, ...).
+            The model, inputs and optimizer are copied to fake tensors and nothing is allocated
+            (:mod:`lightning_memplan.forecasting.estimate`); the result's ``step()`` raises. Required
+            when the model or its inputs are on the meta device. ``loss_fn`` must not close over
+            tensors of its own (compute the loss in the model, or from its output alone).
 
     Raises:
-        ValueError: bad arguments (each message names the argument and what is allowed).
+        ValueError: bad arguments (each message names the argument and what is allowed); with a
+            target, a step that depends on tensor values.
         RuntimeError: a torch without the features needed (torch < 2.11).
     """
     b = check_budget(budget, "forecast")
@@ -84,6 +93,12 @@ def forecast(
     inner = check_inner(backend, "forecast", "backend")
     inputs = check_step_args(model, example_inputs, loss_fn, optimizer)
     blocks = check_regional(regional, model, "forecast")
+    tgt = check_target(target, model, inputs, "forecast")
+    if tgt is not None:
+        with estimated(model, inputs, optimizer, tgt, "forecast") as (fake, ws):
+            fc = forecast(fake.model, fake.inputs, budget=b, solver=solver, backend=backend, loss_fn=loss_fn,
+                          optimizer=fake.optimizer, regional=regional)
+        return finish_estimate(fc, tgt, ws)
     be = memplan_backend(budget=b, solver=solver, inner=inner)  # type: ignore[arg-type]
     run = compile_step(be, model, inputs, loss_fn, optimizer, blocks)
     plan = PlanCapture(backend=be, regions=be.regions, inner=inner, budget=b, solver_name=solver_name, step=run.step)

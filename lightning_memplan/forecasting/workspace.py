@@ -16,15 +16,28 @@ with ``every_op=True`` (eager kernels) every op except views, the cheap ops of
 dtypes (TensorIterator copies them into temporaries of the common dtype) and for matrix products
 with an operand BLAS cannot read in place (:func:`_blas_copies`). An op that activation
 checkpointing runs under a saved RNG state is probed as itself.
+
+On fake tensors (a forecast that runs nothing, :func:`estimating_workspaces`), nothing is probed on
+the target: the ops whose workspace follows from their arguments are computed (TensorIterator's
+dtype copies, BLAS's layout copies, the masked index-put of an embedding's backward); on a CPU
+target any other probed op runs on the host when its operands are small (at most
+``host_probe_limit`` bytes); every other one is counted in :attr:`WorkspaceEstimate.unknown` (0
+bytes in the forecast, named in its problems).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from lightning_memplan._torch.fake import is_fake, real_tensors
 from lightning_memplan._torch.storages import (
     concrete_int,
     storage_key,
@@ -33,7 +46,7 @@ from lightning_memplan._torch.storages import (
 )
 from lightning_memplan.measure import PeakWindow
 
-__all__ = ["LOW_PRECISION_CPU_MATMULS", "PROBED_OPS", "probe_workspace"]
+__all__ = ["LOW_PRECISION_CPU_MATMULS", "PROBED_OPS", "WorkspaceEstimate", "estimating_workspaces", "probe_workspace"]
 
 #: Names of the aten overload packets whose kernels are probed.
 PROBED_OPS: frozenset[str] = frozenset({
@@ -62,6 +75,82 @@ NO_WORKSPACE_OPS: frozenset[str] = frozenset({
     "scatter", "scatter_add", "embedding", "embedding_dense_backward", "index_put", "_unsafe_index_put",
     "native_layer_norm", "native_layer_norm_backward", "var_mean", "rsqrt", "where",
 })
+
+
+@dataclass
+class WorkspaceEstimate:
+    """How the workspaces of a forecast on fake tensors were found (:func:`estimating_workspaces`)."""
+
+    #: The device type the step is forecast for (``"cpu"`` or ``"cuda"``): which kernels run.
+    device: str
+    #: Largest total of an op's operand bytes probed on the host (CPU targets only).
+    host_probe_limit: int
+    #: Op name -> nodes whose workspace is unknown (counted as 0 bytes).
+    unknown: Counter[str] = field(default_factory=Counter)
+    #: Op name -> nodes probed on the host.
+    host_probed: Counter[str] = field(default_factory=Counter)
+
+
+_ESTIMATE: contextvars.ContextVar[WorkspaceEstimate | None] = contextvars.ContextVar("memplan_workspace_estimate",
+                                                                                    default=None)
+
+
+@contextlib.contextmanager
+def estimating_workspaces(device: str, *, host_probe_limit: int = 64 * 2**20) -> Iterator[WorkspaceEstimate]:
+    """Within the block, :func:`probe_workspace` on fake tensors finds each workspace without running
+    on the target (see the module doc) as ``device`` runs it, and records what it could not."""
+    est = WorkspaceEstimate(device=device, host_probe_limit=host_probe_limit)
+    token = _ESTIMATE.set(est)
+    try:
+        yield est
+    finally:
+        _ESTIMATE.reset(token)
+
+
+def _nbytes(t: torch.Tensor, dtype: torch.dtype | None = None) -> int:
+    return concrete_int(t.numel()) * (dtype or t.dtype).itemsize
+
+
+def _computed_workspace(name: str, args: Any, kwargs: Any, device: str, mixed: bool, copies: bool,
+                        out: torch.Tensor | None) -> int | None:
+    """Workspace bytes of an op whose scratch follows from its arguments; ``None`` for other ops.
+
+    - a pointwise op on CPU with inputs of mixed dtypes (:func:`_mixed_dtypes`): each input not of
+      the common dtype copied into it (0-dim inputs are read as scalars);
+    - a matrix product with an operand BLAS cannot read in place (:func:`_blas_copies`): that
+      operand made contiguous;
+    - ``_unsafe_masked_index_put_accumulate(x, mask, indices, values)`` (an embedding's backward):
+      the clamped indices and the masked values live while the accumulated output is made; the
+      negated mask, before it, while the masked values are made.
+    """
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if mixed:
+        common = out.dtype if out is not None and out.dtype != torch.bool else functools.reduce(
+            torch.promote_types, [t.dtype for t in tensors])
+        return sum(_nbytes(t, common) for t in tensors if t.dim() > 0 and t.dtype != common)
+    if copies:
+        return sum(_nbytes(t) for t in tensors if not _blas_layout(t))
+    if name == "_unsafe_masked_index_put_accumulate" and len(args) >= 4:
+        x, mask, indices, values = args[:4]
+        index_bytes = sum(_nbytes(i) for i in indices if isinstance(i, torch.Tensor))
+        masked = concrete_int(torch.broadcast_shapes(values.shape, mask.shape).numel()) * values.dtype.itemsize
+        return index_bytes + masked + max(_nbytes(mask) - _nbytes(x), 0)
+    return None
+
+
+def _estimated(target: Any, args: Any, kwargs: Any, est: WorkspaceEstimate, mixed: bool, copies: bool,
+               out: torch.Tensor | None) -> int:
+    name = getattr(getattr(target, "overloadpacket", None), "__name__", str(target))
+    computed = _computed_workspace(name, args, kwargs, est.device, mixed, copies, out)
+    if computed is not None:
+        return computed
+    operand_bytes = sum(_nbytes(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+    if est.device == "cpu" and operand_bytes <= est.host_probe_limit:
+        est.host_probed[name] += 1
+        with real_tensors():
+            return _run_probe(target, args, kwargs)
+    est.unknown[name] += 1
+    return 0
 
 
 def _signature(value: object) -> object:
@@ -199,6 +288,9 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
         vals = tree_leaves(node.meta.get("val") if wrapped is None else args)
         first = next((v for v in vals if isinstance(v, torch.Tensor)), None)
         device = first.device.type if first is not None else "cpu"
+        est = _ESTIMATE.get() if first is not None and is_fake(first) else None
+        if est is not None:
+            device = est.device  # the target's kernels, not the host's the graph was traced with
         mixed = (every_op and device == "cpu" and wrapped is None
                  and torch.Tag.pointwise in getattr(target, "tags", ())
                  and _mixed_dtypes([a.meta.get("val") for a in node.all_input_nodes], first))
@@ -208,6 +300,8 @@ def probe_workspace(node: fx.Node, *, every_op: bool = False) -> int:
             return extra
         if wrapped is None:
             args, kwargs = tree_map(unwrap, (args, kwargs))
+        if est is not None:
+            return extra + _estimated(target, args, kwargs, est, mixed, copies, first)
         key = (target, _signature(args), _signature(kwargs))
         return extra + _probe_cached(target, _Frozen((args, kwargs), key))
     except Exception:  # noqa: BLE001 - an unprobeable op counts no workspace

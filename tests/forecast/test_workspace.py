@@ -107,3 +107,44 @@ def test_cuda_convolution_backward_is_probed_for_inductor_too() -> None:
     _, call_nodes = nodes(bwd, go, x, w)
     conv = next(n for n in call_nodes if "convolution_backward" in str(n.target))
     assert probe_workspace(conv, every_op=False) == probe_workspace(conv, every_op=True) > 0
+
+
+def _masked_index_put(w, mask, idx, v):  # noqa: ANN001, ANN202 - an embedding's backward, as decomposed
+    return torch.ops.aten._unsafe_masked_index_put_accumulate(w, mask, [idx], v)
+
+
+@pytest.mark.parametrize("case", ["mixed_dtypes", "masked_index_put", "blas_copy"])
+def test_workspace_computed_without_running_equals_the_probe(case: str) -> None:
+    from lightning_memplan.forecasting.workspace import estimating_workspaces
+
+    if case == "mixed_dtypes":  # dropout: a bool mask times a float activation
+        _, ns = nodes(lambda x, m: x * m, torch.randn(16, 32, 64), torch.rand(16, 32, 64) > 0.5)
+    elif case == "masked_index_put":
+        _, ns = nodes(_masked_index_put, torch.zeros(500, 64), torch.ones(16, 32, 1, dtype=torch.bool),
+                      torch.randint(0, 500, (16, 32)), torch.randn(16, 32, 64))
+    else:  # the gradient of a sum reaching a projection: a stride-0 operand
+        _, ns = nodes(lambda g, w: torch.mm(g.expand(64, 32), w), torch.randn(1, 32), torch.randn(32, 48))
+    node = ns[-1]
+    measured = probe_workspace(node, every_op=True)
+    with estimating_workspaces("cpu", host_probe_limit=0) as est:
+        computed = probe_workspace(node, every_op=True)
+    assert measured > 0 and computed == measured and not est.unknown and not est.host_probed
+
+
+def test_workspace_without_a_formula_is_probed_on_the_host_when_small_else_unknown() -> None:
+    from lightning_memplan.forecasting.workspace import estimating_workspaces
+
+    def bwd(go, x, w):  # noqa: ANN001, ANN202
+        return torch.ops.aten.convolution_backward(go, x, w, [8], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, True, True])
+
+    node = nodes(bwd, torch.randn(2, 8, 16, 16), torch.randn(2, 8, 16, 16), torch.randn(8, 8, 3, 3))[1][0]
+    with estimating_workspaces("cpu") as est:
+        assert probe_workspace(node, every_op=True) == probe_workspace(node, every_op=True) > 0
+    assert est.host_probed["convolution_backward"] == 2 and not est.unknown
+    with estimating_workspaces("cpu", host_probe_limit=0) as est:
+        assert probe_workspace(node, every_op=True) == 0
+    assert est.unknown == {"convolution_backward": 1}
+    with estimating_workspaces("cuda") as est:  # no CUDA device to probe on: unknown, never the host's
+        assert probe_workspace(node, every_op=True) == 0
+    assert est.unknown == {"convolution_backward": 1} and not est.host_probed
