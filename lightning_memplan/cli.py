@@ -1,4 +1,4 @@
-"""The ``memplan`` command line: ``memplan demo | bench | place``.
+"""The ``memplan`` command line: ``memplan demo | bench | place | estimate``.
 
 Each subcommand lives next to the code it drives and registers itself here through a small
 ``register(subparsers)`` function, so this module stays a dispatcher.
@@ -29,6 +29,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from lightning_memplan.demo import _cli as _demo_cli
 
     _demo_cli.register(sub)
+    from lightning_memplan.planner import _estimate_cli
+
+    _estimate_cli.register(sub)
     return parser
 
 

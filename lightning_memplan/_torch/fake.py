@@ -10,6 +10,7 @@ a tensor shared by two modules stays shared), the optimizer is rebuilt on the co
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-__all__ = ["DATA_DEPENDENT_ERRORS", "FakeStep", "fake_inputs", "fake_step_args", "has_meta_tensors", "is_fake",
-           "real_tensors"]
+__all__ = ["DATA_DEPENDENT_ERRORS", "FakeStep", "fake_step_args", "has_meta_tensors", "is_fake", "real_tensors",
+           "running_nothing"]
 
 
 def _data_dependent_errors() -> tuple[type[BaseException], ...]:
@@ -56,9 +57,14 @@ def is_fake(t: object) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def fake_inputs(values: Any) -> bool:
-    """Whether any of ``values`` (a sequence, e.g. a graph's example inputs) is a fake tensor."""
-    return any(isinstance(v, FakeTensor) for v in values)
+def running_nothing() -> bool:
+    """Whether the caller is inside :func:`fake_step_args`: the step being traced is of fake
+    copies, and compiled code must not run kernels (inductor's example inputs are fake tensors of
+    its own either way, so they cannot tell)."""
+    return _RUNNING_NOTHING.get()
+
+
+_RUNNING_NOTHING: contextvars.ContextVar[bool] = contextvars.ContextVar("memplan_running_nothing", default=False)
 
 
 def has_meta_tensors(model: nn.Module, inputs: tuple[Any, ...] = ()) -> bool:
@@ -125,7 +131,7 @@ def fake_step_args(model: nn.Module, inputs: tuple[Any, ...],
     mode active while the block runs. ``model`` keeps its class, hooks and attributes (a deep copy
     whose tensors are the fakes); ``optimizer``'s class, hyperparameters and state are kept.
     Gradients are not copied (a step starts with none)."""
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # real tensors the step makes (an RNG state) are faked
     fake = _Faker(mode)
     memo: dict[int, Any] = {id(t): fake(t) for t in _module_tensors(model)}
     copied = copy.deepcopy(model, memo)
@@ -133,5 +139,9 @@ def fake_step_args(model: nn.Module, inputs: tuple[Any, ...],
         p.grad = None
     fake_inputs = tuple(fake(t) if isinstance(t, torch.Tensor) else t for t in inputs)
     fake_opt = _fake_optimizer(optimizer, fake) if optimizer is not None else None
-    with mode:
-        yield FakeStep(mode=mode, model=copied, inputs=fake_inputs, optimizer=fake_opt)
+    token = _RUNNING_NOTHING.set(True)
+    try:
+        with mode:
+            yield FakeStep(mode=mode, model=copied, inputs=fake_inputs, optimizer=fake_opt)
+    finally:
+        _RUNNING_NOTHING.reset(token)

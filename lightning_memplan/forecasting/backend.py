@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from lightning_memplan._torch.autograd import in_backward
 from lightning_memplan._torch.dynamo import frame_mutations, graph_caches_off_patch, lazy_graph_module
-from lightning_memplan._torch.fake import fake_inputs
+from lightning_memplan._torch.fake import running_nothing
 from lightning_memplan._torch.inductor import (
     codegen_only,
     compile_fx,
@@ -467,7 +467,7 @@ class MemplanBackend:
                         region.errors.append(f"inductor wrapper probe unavailable: {err}")
                 t1 = time.perf_counter()
                 try:
-                    if not fake_inputs(ex):
+                    if not running_nothing():
                         return compile_inner(g, ex, **kw)
                     # fake tensors: inductor plans and writes its code, nothing is built; the
                     # graph as it was before inductor's passes runs in its place
