@@ -38,11 +38,15 @@ from lightning_memplan.units import format_bytes
 if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
-__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "OUT_OF_TIME", "PlanDoesNotFit", "SearchResult",
+__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "MIN_SAVING", "DEFAULT_REMAT_BUDGETS", "OUT_OF_TIME", "PlanDoesNotFit", "SearchResult",
            "choose", "forecast_flops", "rejudge", "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
 """Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
+
+MIN_SAVING: float = 0.05
+"""The least share of the fastest plan's forecast total (baseline plus peak) another plan must save
+for the knee to consider it: below it, a plan costs recomputation for memory nobody would miss."""
 
 COST_TIE = 1e-3
 """Plans whose recompute FLOPs differ by less than this fraction are equally fast for the front: a
@@ -377,7 +381,8 @@ def choose(
     points = [PlanPoint(label=candidates[i].label, peak_bytes=int(candidates[i].peak_bytes or 0),
                         cost=float(candidates[i].cost or 0.0)) for i in ok]
     front = [ok[k] for k in pareto_indices(points, cost_rel_tol=COST_TIE)]
-    knee = _knee(candidates, front)
+    worth = _worth_their_compute(candidates, front, baseline_bytes)
+    knee = _knee(candidates, worth)
     if max_memory is not None:
         fitting = [i for i in ok if baseline_bytes + int(candidates[i].peak_bytes or 0) <= max_memory]
         if not fitting:
@@ -393,10 +398,24 @@ def choose(
             )
         chosen = min(fitting, key=lambda i: (float(candidates[i].cost or 0.0), int(candidates[i].peak_bytes or 0), i))
         reason = f"cheapest plan within max_memory {format_bytes(max_memory)}"
+    elif len(worth) == 1 and len(front) > 1:
+        chosen = knee
+        reason = (f"no plan saves {MIN_SAVING:.0%} of the step's memory for its extra compute: the fastest plan "
+                  "(knee of the plans that buy something)")
     else:
         chosen = knee
         reason = "knee of the forecast Pareto front (peak vs FLOPs)"
     return _plan(candidates, chosen, knee, baseline_bytes, solver, reason)
+
+
+def _worth_their_compute(candidates: Sequence[Candidate], front: list[int], baseline_bytes: int) -> list[int]:
+    """The plans of ``front`` (sorted by cost) the knee may take: the fastest, and every other whose
+    forecast total (``baseline_bytes + peak``) is at least :data:`MIN_SAVING` of the fastest one's
+    below it. A plan that saves less buys nothing worth its recomputation."""
+    fastest = min(front, key=lambda i: (float(candidates[i].cost or 0.0), int(candidates[i].peak_bytes or 0), i))
+    top = baseline_bytes + int(candidates[fastest].peak_bytes or 0)
+    return [i for i in front
+            if i == fastest or baseline_bytes + int(candidates[i].peak_bytes or 0) <= (1.0 - MIN_SAVING) * top]
 
 
 def _plan(candidates: Sequence[Candidate], chosen: int, knee: int, baseline_bytes: int, solver: str,
