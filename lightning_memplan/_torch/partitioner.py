@@ -234,8 +234,17 @@ def boxed_nop() -> Callable[..., Any]:
     return require("torch._dynamo.backends.debugging", "boxed_nop")
 
 
-def select_decomp_table() -> Any:
-    return require("torch._inductor.compile_fx", "select_decomp_table")()
+def select_decomp_table(*, keep_random_ops: bool = False) -> Any:
+    """Inductor's decomposition table; with ``keep_random_ops``, without the decompositions of ops
+    that draw from a generator (tagged ``nondeterministic_seeded``: ``native_dropout``,
+    ``bernoulli``, ``rand_like``, ...), so that compiled eager kernels draw the numbers eager code
+    and a plain ``torch.compile(backend="aot_eager")`` draw (the decomposition of dropout into
+    ``rand_like(x) < p`` consumes the generator differently)."""
+    table = require("torch._inductor.compile_fx", "select_decomp_table")()
+    if not keep_random_ops:
+        return table
+    seeded = torch.Tag.nondeterministic_seeded
+    return {op: fn for op, fn in table.items() if seeded not in getattr(op, "tags", ())}
 
 
 def flop_registry() -> dict[Any, Callable[..., int]]:

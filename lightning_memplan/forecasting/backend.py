@@ -432,7 +432,7 @@ class MemplanBackend:
             return aot_autograd()(
                 fw_compiler=make(False),
                 bw_compiler=make(True),
-                decompositions=select_decomp_table(),
+                decompositions=select_decomp_table(keep_random_ops=True),  # eager code's draws
                 partition_fn=self._partition_fn(region),
             )(gm, example_inputs)
 
