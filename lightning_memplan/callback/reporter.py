@@ -68,10 +68,7 @@ def plan_table(plan: MemPlan, timings: dict[str, float], planned: str | None = N
         rows.append(["the trade-off", why])
     if plan.knee is not None:
         rows.append(["knee (best balance of memory and compute on the front)", plan.candidates[plan.knee].label])
-    for note in plan.notes:
-        for code, words in REASON_WORDS.items():
-            note = note.replace(f"({code})", f"({words})")
-        rows.append(["partitioner (per compiled region)", note])
+    rows += [["partitioner", line] for line in _partitioner_lines(plan.notes)]
     if plan.candidates:
         rows.append(["candidates forecast", str(len(plan.candidates))])
     d, i = timings.get("decide_seconds"), timings.get("install_seconds")
@@ -79,6 +76,24 @@ def plan_table(plan: MemPlan, timings: dict[str, float], planned: str | None = N
         rows.append(["plan search / final forecast+compile",
                      f"{d:.1f} s / {i:.1f} s (the search took {d / max(i, 1e-9):.1f}x one compile)"])
     return "MemPlan\n" + tabulate(rows, tablefmt="simple")
+
+
+def _partitioner_lines(notes: tuple[str, ...]) -> list[str]:
+    """The plan's per-region notes (``"region 3: solver not called (budget_1)"``) in words, one
+    line per distinct outcome with the regions it holds for (``"regions 0, 3, 4: solver not called
+    (budget 1: ...)"``); a note of another form is kept as it is."""
+    grouped: dict[str, list[str]] = {}
+    for note in notes:
+        head, sep, text = note.partition(": ")
+        region = head.removeprefix("region ") if sep and head.startswith("region ") else None
+        for code, words in REASON_WORDS.items():
+            text = text.replace(f"({code})", f"({words})")
+        if region is None or not region.isdigit():
+            grouped.setdefault(note, [])
+        else:
+            grouped.setdefault(text, []).append(region)
+    return [f"{'region' if len(r) == 1 else f'{len(r)} regions'} {', '.join(r)}: {text}" if r else text
+            for text, r in grouped.items()]
 
 
 def epoch_line(epoch: int, metrics: dict[str, float], other_shapes: int = 0) -> str:

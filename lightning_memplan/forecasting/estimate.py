@@ -122,9 +122,9 @@ def finish_estimate(fc: Forecast, target: Target, ws: WorkspaceEstimate) -> Fore
         problems.append(f"kernel workspaces not known without running on {target.name}, counted as 0: {ops}")
     peak, allocator = fc.peak_bytes, fc.cuda_allocator
     if target.kind == "cuda" and fc.peak_bytes is not None:
-        if fc.allocations is None:
-            problems.append("the CUDA caching-allocator model could not run (no per-storage detail): "
-                            "reserved bytes unknown, allocated = requested")
+        if fc.allocations is None or fc.allocations.requested_peak_bytes != fc.requested_peak_bytes:
+            problems.append("the CUDA caching-allocator model could not run (the step's allocations are not known "
+                            "storage by storage): reserved bytes unknown, allocated = requested")
         else:
             try:
                 allocator = simulate_cuda_allocator(_on_device(fc.allocations, "cuda"), device="cuda")

@@ -338,6 +338,17 @@ def test_the_plan_table_names_the_knee_and_the_decision_time() -> None:
     assert "region 0: solver not called (budget 1: torch's fastest choice of what to save is kept" in noted
 
 
+def test_the_plan_table_says_each_partitioner_outcome_once_with_its_regions() -> None:
+    notes = tuple(f"region {i}: solver not called (budget_1)" for i in (0, 2, 3, 4, 5)) + (
+        "region 1: solver not called (unknown)",)
+    text = plan_table(_plan(notes=notes), {})
+    rows = [line for line in text.splitlines() if line.startswith("partitioner")]
+    assert len(rows) == 2, text
+    assert "5 regions 0, 2, 3, 4, 5: solver not called (budget 1: torch's fastest choice" in rows[0]
+    assert "region 1: solver not called (the partitioner was not observed)" in rows[1]
+    assert "budget_1" not in text and "(unknown)" not in text
+
+
 def test_the_trade_off_names_both_ends_of_the_search() -> None:
     cands = (Candidate(budget=1.0, peak_bytes=4 * 2**20, cost=10.0),
              Candidate(budget=0.5, checkpoint=("b.0",), peak_bytes=3 * 2**20, cost=11.0),
