@@ -32,6 +32,7 @@ from lightning_memplan.forecasting.eager_loss import (
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.called_modules import CallWatch, ModuleCall
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
+from lightning_memplan.planner.kv_cache import cache_off_patches
 from lightning_memplan.planner.pipeline import StepObservation, plan_step
 from lightning_memplan.planner.precompiled import compiled_by_user
 from lightning_memplan.planner.rng import rng_kept
@@ -383,8 +384,9 @@ def plan_memory(
         model.train(was_training)
     target = user.module
     call = f"self.{path}(...)" if path else "self(...)"
-    # the user's torch.compile undone meanwhile: the plan compiles the forward (precompiled.py)
-    with instance_attributes(user.patches):
+    # the user's torch.compile undone meanwhile: the plan compiles the forward (precompiled.py); the
+    # key/value cache off, as the fit has it (planner.kv_cache)
+    with instance_attributes([*user.patches, *cache_off_patches(target)]):
         try:
             model.to(device)
             model.train()

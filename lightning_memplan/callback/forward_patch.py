@@ -6,9 +6,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_memplan.core.instance_patch import instance_attributes
+from lightning_memplan.planner.kv_cache import cache_off_patches
 from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.precompiled import compiled_by_user
 
@@ -20,7 +22,8 @@ _MISSING = object()
 class ForwardPatch:
     """The planned module's ``forward``, replaced by an instance attribute (so every strategy's
     wrapper calls it) while attached. Invariant: after :meth:`detach` the module's ``forward`` and
-    any ``torch.compile`` the user applied are exactly as they were before :meth:`attach`."""
+    any ``torch.compile`` the user applied are exactly as they were before :meth:`attach`; so are the
+    transformers configs whose key/value cache it turned off (:mod:`lightning_memplan.planner.kv_cache`)."""
 
     def __init__(self) -> None:
         #: The module whose forward is routed (the user's module inside their own compile, if any).
@@ -31,6 +34,7 @@ class ForwardPatch:
         self.original: Callable[..., Any] | None = None
         self._saved: Any = _MISSING
         self._uncompiled = contextlib.ExitStack()  # the user's own torch.compile undone
+        self._cache_said = False  # the key/value cache's line, once per fit
 
     def attach(self, lit: nn.Module, resolved: nn.Module, dispatch: Callable[..., Any], *, backend: str) -> None:
         """Route ``resolved``'s forward (the module at ``submodule`` of ``lit``) through
@@ -45,6 +49,14 @@ class ForwardPatch:
                 "torch.compile options go to `compile_kwargs`), and the rest runs as written; your compiled "
                 "module is put back after fit.", MemPlanWarning, stacklevel=4)
         target = user.module
+        cache = cache_off_patches(target) if target.training else []
+        if cache:
+            self._uncompiled.enter_context(instance_attributes(cache))
+        if cache and not self._cache_said:
+            self._cache_said = True
+            rank_zero_info("MemPlan: transformers' key/value cache is off for this fit (use_cache=False, put back "
+                           "after fit): a training step never reads it, and it would hold every layer's keys and "
+                           "values until the loss is computed.")
         self.attached_to = resolved
         self.module = target
         self._saved = target.__dict__.get("forward", _MISSING)

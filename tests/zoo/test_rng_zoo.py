@@ -33,7 +33,7 @@ def _losses(name: str, way: str, plan: bool) -> tuple[list[float], MemPlanCallba
     return module.losses, cb
 
 
-@pytest.mark.parametrize(("name", "way"), [("bert_mlm", "loss"), ("gpt2", "logits")])
+@pytest.mark.parametrize(("name", "way"), [("gpt2", "logits")])  # BERT's: test_zoo.py
 def test_the_callback_trains_with_the_losses_of_a_plain_compile(name: str, way: str) -> None:
     plain, _ = _losses(name, way, plan=False)
     planned, cb = _losses(name, way, plan=True)

@@ -79,6 +79,20 @@ def _convnext() -> nn.Module:
                                                          num_labels=CLASSES, image_size=IMAGE))
 
 
+def _opt() -> nn.Module:
+    from transformers import OPTConfig, OPTForCausalLM
+
+    return OPTForCausalLM(OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                                    vocab_size=VOCAB, max_position_embeddings=128, word_embed_proj_dim=64))
+
+
+def _phi() -> nn.Module:
+    from transformers import PhiConfig, PhiForCausalLM
+
+    return PhiForCausalLM(PhiConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    vocab_size=VOCAB, max_position_embeddings=128, partial_rotary_factor=0.5))
+
+
 def _demo_transformer() -> nn.Module:
     from lightning.pytorch.demos import Transformer
 
@@ -97,6 +111,8 @@ ZOO: dict[str, tuple[Callable[..., nn.Module], str]] = {
     "vit": (_vit, "classify_image"),
     "resnet": (_resnet, "classify_image"),
     "convnext": (_convnext, "classify_image"),
+    "opt": (_opt, "causal"),
+    "phi": (_phi, "causal"),
     "demo_transformer": (_demo_transformer, "demo"),
 }
 
