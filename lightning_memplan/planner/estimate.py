@@ -127,14 +127,14 @@ class EstimateTable:
     def format(self) -> str:
         """The table as text (at most 100 columns), then :meth:`summary`."""
         total = "reserved" if any(r.reserved is not None for r in self.rows) else "total"
-        head = (f"{'plan':<27}{'params':>11}{'grads':>11}{'optim':>11}{'activ':>11}{total:>11}"
+        head = (f"{'plan':<26}{'params':>12}{'grads':>12}{'optim':>12}{'activ':>12}{total:>12}"
                 f"{'compute':>9} fits")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             extra = "?" if math.isnan(r.extra_compute) else f"+{r.extra_compute:.0%}"
             fits = {True: "yes", False: "no", None: "-"}[r.fits]
             cells = [r.parameters, r.gradients, r.optimizer_state, r.activations, r.judged_bytes]
-            lines.append(f"{r.plan:<27}" + "".join(f"{format_bytes(c):>11}" for c in cells) + f"{extra:>9} {fits}")
+            lines.append(f"{r.plan:<26}" + "".join(f" {format_bytes(c):>11}" for c in cells) + f"{extra:>9} {fits}")
         notes = sorted({p for r in self.rows for p in r.problems})
         return "\n".join([*lines, "", self.summary(), *(f"not forecast: {p}" for p in self.skipped),
                           *(f"note: {p}" for p in notes)])

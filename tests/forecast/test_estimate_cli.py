@@ -49,6 +49,8 @@ def test_estimate_table_with_a_limit_nothing_fits(llama_config: Path, capsys: py
     assert code == 0 and "No plan fits cpu (1.00 MiB, max_memory)" in text and " no\n" in text + "\n"
     table = text.splitlines()[1:]  # after the line naming the model
     assert all(len(line) <= 100 for line in table if not line.startswith(("note:", "No plan")))
+    row = next(line for line in table if line.startswith("budget 1.00"))
+    assert len(row.split()) == 2 + 5 * 2 + 2, row  # every figure and its unit apart, even "1002.27 KiB"
 
 
 def test_estimate_from_a_factory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
