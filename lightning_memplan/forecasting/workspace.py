@@ -111,7 +111,7 @@ def _nbytes(t: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     return concrete_int(t.numel()) * (dtype or t.dtype).itemsize
 
 
-def _computed_workspace(name: str, args: Any, kwargs: Any, device: str, mixed: bool, copies: bool,
+def _computed_workspace(name: str, args: Any, kwargs: Any, mixed: bool, copies: bool,
                         out: torch.Tensor | None) -> int | None:
     """Workspace bytes of an op whose scratch follows from its arguments; ``None`` for other ops.
 
@@ -141,7 +141,7 @@ def _computed_workspace(name: str, args: Any, kwargs: Any, device: str, mixed: b
 def _estimated(target: Any, args: Any, kwargs: Any, est: WorkspaceEstimate, mixed: bool, copies: bool,
                out: torch.Tensor | None) -> int:
     name = getattr(getattr(target, "overloadpacket", None), "__name__", str(target))
-    computed = _computed_workspace(name, args, kwargs, est.device, mixed, copies, out)
+    computed = _computed_workspace(name, args, kwargs, mixed, copies, out)
     if computed is not None:
         return computed
     operand_bytes = sum(_nbytes(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
