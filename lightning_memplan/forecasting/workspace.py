@@ -144,8 +144,8 @@ def _estimated(target: Any, args: Any, kwargs: Any, est: WorkspaceEstimate, mixe
     computed = _computed_workspace(name, args, kwargs, mixed, copies, out)
     if computed is not None:
         return computed
-    operand_bytes = sum(_nbytes(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
-    if est.device == "cpu" and operand_bytes <= est.host_probe_limit:
+    if est.device == "cpu" and sum(_nbytes(t) for t in tree_leaves((args, kwargs))
+                                   if isinstance(t, torch.Tensor)) <= est.host_probe_limit:
         est.host_probed[name] += 1
         with real_tensors():
             return _run_probe(target, args, kwargs)

@@ -14,6 +14,7 @@ caching allocator's reserved bytes (its model, baseline included), elsewhere the
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,12 @@ from lightning_memplan.targets import Target, resolve_target
 from lightning_memplan.units import format_bytes, parse_bytes
 
 __all__ = ["EstimateRow", "EstimateTable", "LabelledStep", "estimate_plans"]
+
+
+def _plan_words(budget: float, checkpointed: tuple[str, ...]) -> str:
+    """``"budget 0.50"``, ``"budget 1.00 + 32 blocks ckpt"`` (checkpointed)."""
+    ck = f" + {len(checkpointed)} blocks ckpt" if checkpointed else ""
+    return f"budget {budget:.2f}{ck}"
 
 
 class LabelledStep(nn.Module):
@@ -79,9 +86,8 @@ class EstimateRow:
 
     @property
     def plan(self) -> str:
-        """The plan in words: ``"budget 0.5"``, ``"budget 1.0 + 32 blocks ckpt"`` (checkpointed)."""
-        ck = f" + {len(self.checkpointed)} blocks ckpt" if self.checkpointed else ""
-        return f"budget {self.budget:.2f}{ck}"
+        """The plan in words (:func:`_plan_words`)."""
+        return _plan_words(self.budget, self.checkpointed)
 
     @property
     def judged_bytes(self) -> int:
@@ -156,16 +162,14 @@ def _row(fc: Forecast, budget: float, checkpointed: tuple[str, ...], base_flops:
         return None
     requested = fc.baseline_bytes + (fc.requested_peak_bytes or fc.peak_bytes)
     allocator = fc.cuda_allocator
-    allocated = allocator.allocated_max_bytes if allocator is not None else requested
-    reserved = fc.reserved_bytes
     flops = forecast_flops(fc)
     extra = max(flops / base_flops - 1.0, 0.0) if base_flops > 0 and not math.isnan(flops) else math.nan
-    judged = reserved if reserved is not None else allocated
-    return EstimateRow(budget=budget, checkpointed=checkpointed, parameters=bd.parameters + bd.buffers,
-                       gradients=bd.gradients, optimizer_state=bd.optimizer_state, activations=bd.activations,
-                       other=bd.optimizer_temporaries + bd.fsdp_buffers, requested=requested, allocated=allocated,
-                       reserved=reserved, extra_compute=extra, fits=None if limit is None else judged <= limit,
-                       problems=fc.problems)
+    row = EstimateRow(budget=budget, checkpointed=checkpointed, parameters=bd.parameters + bd.buffers,
+                      gradients=bd.gradients, optimizer_state=bd.optimizer_state, activations=bd.activations,
+                      other=bd.optimizer_temporaries + bd.fsdp_buffers, requested=requested,
+                      allocated=allocator.allocated_max_bytes if allocator is not None else requested,
+                      reserved=fc.reserved_bytes, extra_compute=extra, fits=None, problems=fc.problems)
+    return row if limit is None else dataclasses.replace(row, fits=row.judged_bytes <= limit)
 
 
 def _limit_source(tgt: Target, max_memory: object) -> str:
@@ -218,10 +222,8 @@ def estimate_plans(
         if row is not None:
             rows.append(row)
         else:
-            plan = EstimateRow(budget=float(b), checkpointed=tuple(ck), parameters=0, gradients=0, optimizer_state=0,
-                               activations=0, other=0, requested=0, allocated=0, reserved=None,
-                               extra_compute=math.nan, fits=None).plan
-            skipped.append(f"{plan}: {fc.status}: {fc.problems[0] if fc.problems else 'no forecast'}")
+            why = fc.problems[0] if fc.problems else "no forecast"
+            skipped.append(f"{_plan_words(float(b), tuple(ck))}: {fc.status}: {why}")
     rows.sort(key=lambda r: (math.inf if math.isnan(r.extra_compute) else r.extra_compute, r.judged_bytes))
     return EstimateTable(target=tgt.name, limit=limit, limit_source=source, rows=tuple(rows), skipped=tuple(skipped),
                          seconds=time.perf_counter() - t0)

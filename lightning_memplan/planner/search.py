@@ -38,8 +38,8 @@ from lightning_memplan.units import format_bytes
 if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
-__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "MIN_SAVING", "DEFAULT_REMAT_BUDGETS", "OUT_OF_TIME", "PlanDoesNotFit", "SearchResult",
-           "choose", "forecast_flops", "rejudge", "search"]
+__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "MIN_SAVING", "OUT_OF_TIME", "PlanDoesNotFit",
+           "SearchResult", "choose", "forecast_flops", "rejudge", "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
 """Budgets a search tries with each checkpoint set (ratios in [0, 1])."""

@@ -4,6 +4,7 @@ allocated; bad input refused naming the flag."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_estimate_bad_input_names_the_flag(argv: list[str], message: str, llama_
     bad.write_text("{not json")
     argv = [a.format(cfg=llama_config, bad=bad) for a in argv]
     assert main(["estimate", *argv]) == 2
-    assert __import__("re").search(message, capsys.readouterr().err)
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_estimate_unknown_target_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
