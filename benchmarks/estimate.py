@@ -129,7 +129,8 @@ def main() -> None:
     for r in results:
         print(f"{r['model']}: smallest plan {r['smallest_plan']}; fastest that fits {a.target}: {r['best']}; "
               f"accelerate/ours(none) {r['accelerate'] / r['unplanned']:.2f}, Megatron/ours(none) "
-              f"{r['megatron'] / r['unplanned']:.2f}" + (f"; not forecast: {r['skipped']}" if r["skipped"] else ""))
+              f"{r['megatron'] / r['unplanned']:.2f}" + (f"; not forecast: {r['skipped']}" if r["skipped"] else "")
+              + (f"\n  {r['unknown_workspaces'][0]}" if r["unknown_workspaces"] else ""))
 
 
 if __name__ == "__main__":
