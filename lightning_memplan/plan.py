@@ -38,6 +38,10 @@ class Candidate:
     solver: str = ""
     """The plan's solver when it is not the search's own: ``"remat"`` for whole-graph
     rematerialization plans; empty for the search's knapsack solver."""
+    reserve_bytes: int | None = None
+    """Bytes the CUDA caching allocator's segments hold beyond its allocated high-water mark in this
+    plan's forecast (block rounding, segments not reused): what ``memory_reserved`` adds to the
+    allocated total, and so to what runs out; ``None`` when the allocator model did not run (not CUDA)."""
 
     @property
     def label(self) -> str:

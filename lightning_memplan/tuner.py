@@ -32,6 +32,7 @@ from lightning_memplan.forecasting.eager_loss import (
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.called_modules import CallWatch, ModuleCall
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
+from lightning_memplan.planner.device_limit import device_limit
 from lightning_memplan.planner.kv_cache import cache_off_patches
 from lightning_memplan.planner.pipeline import StepObservation, plan_step
 from lightning_memplan.planner.precompiled import compiled_by_user
@@ -367,7 +368,9 @@ def plan_memory(
         loader = model.train_dataloader()
     batch = next(iter(loader))
     device = trainer.strategy.root_device
-    settings = settings.on_device(device)  # backend="auto": inductor on CUDA, aot_eager elsewhere
+    # backend="auto": inductor on CUDA, aot_eager elsewhere; budget="auto" without max_memory on CUDA: the
+    # device's memory is the limit
+    settings = settings.on_device(device).with_device_limit(device_limit(device, processes=trainer.world_size))
     param = next(model.parameters(), None)
     home = param.device if param is not None else torch.device("cpu")
     was_training = model.training

@@ -51,6 +51,7 @@ from lightning_memplan.planner.pipeline import (
 from lightning_memplan.planner.plan_forecast import forecast_plan, lay_out_step
 from lightning_memplan.planner.rng import rng_kept
 from lightning_memplan.planner.search import replan_candidate
+from lightning_memplan.planner.device_limit import device_limit
 from lightning_memplan.planner.settings import plan_solver
 from lightning_memplan.planner.step_model import TrainingLoop, live_grad_bytes, step_grad_bytes
 from lightning_memplan.units import format_bytes
@@ -122,6 +123,13 @@ class PlanController:
         every trainable parameter gets one, or there is no optimizer: the forecast's stands)."""
         reached = self._profile.reached
         return gradless_optimizer_memory(self._module, self._view.optimizer(), reached) if reached else None
+
+    def _limit(self) -> str:
+        """The memory limit in words: ``max_memory 6.00 MiB``, or the device's and where it came from."""
+        assert self._s.max_memory is not None
+        name = self._s.limit_name
+        size = format_bytes(self._s.max_memory)
+        return f"max_memory {size}" if name == "max_memory" else f"{size} ({name})"
 
     def may_replan(self) -> bool:
         """Whether the closed loop may still re-plan (it needs the first batch's inputs)."""
@@ -228,6 +236,8 @@ class PlanController:
         self.example = (args, kwargs)
         restored = self._restored()
         given = self._o.user_plan if self._o.user_plan is not None else restored  # plan= wins (given_plan)
+        if given is None:  # budget="auto" without max_memory, on CUDA: the device's memory is the limit
+            self._s = self._s.with_device_limit(device_limit(self._view.device(), processes=self._view.world_size))
         t0 = time.perf_counter()
         decided: list[float] = []
 
@@ -418,7 +428,8 @@ class PlanController:
         if max_memory is not None and peak is not None and baseline + peak > max_memory:
             then = ("the closed loop re-plans if the measured peak exceeds it" if self.may_replan() else
                     "the closed loop has re-planned once already: reduce the batch or raise max_memory")
-            warnings.warn(f"{note} That exceeds max_memory {format_bytes(max_memory)}; {then}.",
+            warnings.warn(f"{note} With the baseline, {format_bytes(baseline + peak)} in all: "
+                          f"{format_bytes(baseline + peak - max_memory)} over {self._limit()}; {then}.",
                           MemPlanWarning, stacklevel=5)
         elif parts:
             rank_zero_info(note)
@@ -449,9 +460,9 @@ class PlanController:
         self._replanned = True
         new, unseen, fits = replan_candidate(plan, measured, max_memory)
         if new is None:
-            _warn(f"measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds max_memory "
-                  f"{format_bytes(max_memory)}, and no plan is forecast below the one in force; keeping it. Reduce "
-                  "the batch, allow checkpointing more blocks, or raise max_memory.", 2)
+            _warn(f"measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds {self._limit()}, and no "
+                  "plan is forecast below the one in force; keeping it. Reduce the batch, allow checkpointing more "
+                  "blocks, or raise max_memory.", 2)
             return
         if fits:
             expect = (f"forecast {format_bytes(plan.baseline_bytes + (new.peak_bytes or 0) + unseen)}, counting the "
@@ -459,13 +470,13 @@ class PlanController:
         else:
             expect = ("no candidate is forecast to fit; the smallest forecast below the plan's" if new.peak_bytes
                       else "no candidate is forecast to fit; halving the budget")
-        _warn(f"measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds max_memory "
-              f"{format_bytes(max_memory)}; re-planning once with {new.label} ({expect}), recompiling, and going "
-              "on.", 2)
+        _warn(f"measured peak {format_bytes(plan.baseline_bytes + measured)} exceeds {self._limit()}; re-planning "
+              f"once with {new.label} ({expect}), recompiling, and going on.", 2)
         self._install_soon(dataclasses.replace(
             plan, budget=new.budget, checkpoint=new.checkpoint, predicted_peak_bytes=new.peak_bytes,
             solver=new.solver or (plan.solver if plan.solver != "remat" else self._s.solver_name),
-            reason=f"re-planned: measured {format_bytes(measured)} over max_memory"))
+            reason=f"re-planned: the measured peak was {format_bytes(plan.baseline_bytes + measured - max_memory)} "
+                   f"over {self._limit()}"))
 
     # ------------------------------------------------------------------ other input shapes
     def forecast_shapes(self, sig: tuple[Any, ...], call: ShapeCall) -> None:
@@ -504,7 +515,7 @@ class PlanController:
         if max_memory is None or baseline is None or baseline + peak <= max_memory:
             return
         over = (f"a step on inputs {shapes} (batch {batch}) is forecast to peak at {format_bytes(baseline + peak)}, "
-                f"over max_memory {format_bytes(max_memory)}")
+                f"over {self._limit()}")
         if self._may_replan_at_shapes():
             planned = describe_shapes(self._watch.planned_shapes or ())
             _warn(f"{over}; the plan was chosen at {planned}. Searching the plans again at {shapes} and "

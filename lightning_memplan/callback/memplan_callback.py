@@ -54,9 +54,14 @@ class MemPlanCallback(Callback):
     training goes on with the module as the user wrote it, and a :class:`MemPlanWarning` says why.
 
     Args:
-        budget: a float in [0, 1], or ``"auto"``: forecast candidate plans on the first batch and take
-            the knee of the forecast Pareto front (peak memory vs FLOPs), or, with ``max_memory``,
-            the cheapest plan that fits.
+        budget: a float in [0, 1]; ``"auto"``: forecast candidate plans on the first batch and take
+            the fastest plan whose forecast fits the limit: ``max_memory``, else on CUDA the device's
+            memory (free plus what this process holds, less a margin for memory taken outside the
+            caching allocator: :mod:`lightning_memplan.planner.device_limit`; judged by the forecast
+            of what the allocator reserves), so no recompute at all when the unplanned step fits;
+            on the CPU, which has no such limit, the knee of the forecast Pareto front (peak memory
+            vs FLOPs); ``"knee"``: the knee on any device (with ``max_memory``, the fastest plan that
+            fits it). The plan's ``reason`` says which, and the limit and where it came from.
         max_memory: a byte target (int, or a string such as ``"20GiB"`` or ``"512MB"``) for the
             bytes live during a step: parameters, their gradients (automatic optimization keeps them
             between steps), optimizer state and batch, plus the step's peak.
@@ -165,7 +170,7 @@ class MemPlanCallback(Callback):
 
     def __init__(
         self,
-        budget: float | Literal["auto"] = "auto",
+        budget: float | Literal["auto", "knee"] = "auto",
         *,
         max_memory: int | str | None = None,
         solver: str | Callable[..., Any] = "dp",

@@ -93,7 +93,7 @@ def decide_plan(
         result = search(target, tuple(args), budgets=settings.candidate_budgets,
                         checkpoint_sets=[tuple(f"module.{b}" for b in s) for s in sets],
                         solver=settings.solver, backend=settings.search_backend, optimizer=optimizer,
-                        loss_fn=sum_outputs, max_memory=settings.max_memory,
+                        loss_fn=sum_outputs, max_memory=settings.max_memory, limit_name=settings.limit_name,
                         remat_budgets=settings.remat_budgets,
                         step_memory=lambda fc: lightning_step_memory(fc, grads, loop),
                         keep_forecasts=kept is not None, regional=[f"module.{b}" for b in regional],
@@ -166,7 +166,8 @@ def rejudge_plan(
                                      grads + eager_grads, loop)
 
     try:
-        new = rejudge(plan, forecasts, judge, max_memory=settings.max_memory, solver=settings.solver)
+        new = rejudge(plan, forecasts, judge, max_memory=settings.max_memory, solver=settings.solver,
+                      limit_name=settings.limit_name)
     except PlanDoesNotFit as exc:
         new = exc.plan
     how = "judged " + ", ".join(

@@ -153,6 +153,7 @@ def _without_checkpointing(plan: MemPlan, kept: Sequence[Forecast | None], why: 
     candidates = [dataclasses.replace(c, peak_bytes=None, note=why) if c.checkpoint else c for c in plan.candidates]
     try:
         chosen = choose(candidates, baseline_bytes=plan.baseline_bytes or 0, max_memory=settings.max_memory,
+                        limit_name=settings.limit_name,
                         solver=plan.solver)
     except PlanDoesNotFit as exc:  # the smallest of them, as the search takes when nothing fits
         chosen = exc.plan

@@ -8,7 +8,8 @@ compiled graphs of the model (:func:`lightning_memplan.forecast`): its predicted
 baseline (bytes) and its cost, the FLOPs of the compiled forward and backward graphs (recomputation
 shows up in the backward graph, so more recomputation costs more). The choice:
 
-* ``max_memory`` given: the cheapest plan whose ``baseline + peak`` fits it; if none fits, a
+* ``max_memory`` given: the cheapest plan whose ``baseline + peak`` (on CUDA plus the caching
+  allocator's reserve beyond it: :func:`held_bytes`) fits it; if none fits, a
   :class:`PlanDoesNotFit` error that names the smallest forecast;
 * otherwise the knee: the plan on the Pareto front (lower peak, lower cost; costs within
   :data:`COST_TIE` of each other count as equal) closest to the origin after min-max normalizing
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
 __all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "MIN_SAVING", "OUT_OF_TIME", "PlanDoesNotFit",
-           "SearchResult", "choose", "forecast_flops", "rejudge", "search"]
+           "SearchResult", "choose", "forecast_flops", "held_bytes", "rejudge", "reserve_bytes", "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
 """Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
@@ -140,6 +141,7 @@ def search(
     keep_forecasts: bool = False,
     regional: Sequence[str] = (),
     time_limit: float | None = None,
+    limit_name: str = "max_memory",
 ) -> SearchResult:
     """Forecast every (checkpoint set, budget) plan and choose one (see the module docstring).
 
@@ -163,6 +165,7 @@ def search(
     once one candidate has a forecast; the candidates not forecast by then get the note
     :data:`OUT_OF_TIME` and the plan is chosen among the others (``None``: no limit). A trace
     running when the time passes finishes, and the plans it partitioned count.
+    ``limit_name``: what ``max_memory`` is, in the plan's reason and the error (see :func:`choose`).
 
     Raises:
         PlanDoesNotFit: ``max_memory`` given and no forecast fits it (its ``forecasts`` attribute
@@ -250,7 +253,7 @@ def search(
                             f"not a plan: dynamo runs {', '.join(eager)} eagerly under checkpointing")), None
                     else:
                         cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=peak,
-                                         cost=forecast_flops(fc), note=_note(fc))
+                                         cost=forecast_flops(fc), note=_note(fc), reserve_bytes=reserve_bytes(fc))
                 except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
                     cand, fc = Candidate(budget=b, checkpoint=tuple(ck), note=f"forecast failed: {exc!r}"), None
                 add(cand, fc)
@@ -269,14 +272,16 @@ def search(
                 fc = forecast(model, tuple(example_inputs), budget=b, solver="remat", backend=backend,
                               loss_fn=loss_fn, optimizer=optimizer, regional=regional)
             base, peak = judge(fc)
-            cand = Candidate(budget=b, peak_bytes=peak, cost=forecast_flops(fc), note=_note(fc), solver="remat")
+            cand = Candidate(budget=b, peak_bytes=peak, cost=forecast_flops(fc), note=_note(fc), solver="remat",
+                             reserve_bytes=reserve_bytes(fc))
             baseline = base if baseline is None else baseline
         except Exception as exc:  # noqa: BLE001 - one failed candidate must not end the search
             cand, fc = Candidate(budget=b, note=f"forecast failed: {exc!r}", solver="remat"), None
         add(cand, fc)
     forecasts = tuple(kept) if keep_forecasts else ()
     try:
-        plan = choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver))
+        plan = choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver),
+                      limit_name=limit_name)
     except PlanDoesNotFit as exc:
         exc.forecasts = forecasts
         raise
@@ -299,6 +304,7 @@ def rejudge(
     *,
     max_memory: int | None,
     solver: str | Callable[..., Any],
+    limit_name: str = "max_memory",
 ) -> MemPlan:
     """``plan``'s candidates judged again by ``step_memory`` (e.g. a step that calls the model
     several times: ``Forecast.repeated``) and chosen again as :func:`search` chooses; nothing is
@@ -321,7 +327,8 @@ def rejudge(
             base, peak = step_memory(fc)
             baseline = base if baseline is None else baseline
         candidates.append(dataclasses.replace(cand, peak_bytes=peak))
-    return choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver))
+    return choose(candidates, baseline_bytes=baseline or 0, max_memory=max_memory, solver=_solver_name(solver),
+                  limit_name=limit_name)
 
 
 def replan_candidate(plan: MemPlan, measured: int, max_memory: int) -> tuple[Candidate | None, int, bool]:
@@ -371,8 +378,11 @@ def choose(
     baseline_bytes: int,
     max_memory: int | None,
     solver: str,
+    limit_name: str = "max_memory",
 ) -> MemPlan:
-    """Pick the knee, or the cheapest plan within ``max_memory`` (``baseline_bytes + peak``)."""
+    """Pick the knee, or the cheapest plan within ``max_memory`` (:func:`held_bytes`: the baseline,
+    the peak, and the allocator's reserve where known). ``limit_name``: what the limit is, in the
+    reason and the error (``"max_memory"``, or ``"the device's memory"`` when it was read from it)."""
     ok = [i for i, c in enumerate(candidates) if c.peak_bytes is not None and c.cost is not None
           and not math.isnan(c.cost)]
     if not ok:
@@ -384,20 +394,21 @@ def choose(
     worth = _worth_their_compute(candidates, front, baseline_bytes)
     knee = _knee(candidates, worth)
     if max_memory is not None:
-        fitting = [i for i in ok if baseline_bytes + int(candidates[i].peak_bytes or 0) <= max_memory]
+        fitting = [i for i in ok if held_bytes(candidates[i], baseline_bytes) <= max_memory]
         if not fitting:
-            smallest = min(ok, key=lambda i: (int(candidates[i].peak_bytes or 0), i))
+            smallest = min(ok, key=lambda i: (held_bytes(candidates[i], baseline_bytes), i))
             c = candidates[smallest]
             raise PlanDoesNotFit(
-                f"no plan fits max_memory={format_bytes(max_memory)}: the smallest forecast is "
-                f"{format_bytes(baseline_bytes + int(c.peak_bytes or 0))} ({c.label}; "
+                f"no plan fits {_limit(limit_name, max_memory, '=')}: the smallest forecast is "
+                f"{format_bytes(held_bytes(c, baseline_bytes))} ({c.label}; "
                 f"{format_bytes(baseline_bytes)} of it is parameters, optimizer state and batch). "
-                f"Raise max_memory to at least that, reduce the batch, or allow checkpointing more blocks.",
+                + ("Raise max_memory to at least that, reduce" if limit_name == "max_memory" else "Reduce")
+                + " the batch, or allow checkpointing more blocks.",
                 _plan(candidates, smallest, knee, baseline_bytes, solver,
-                      f"smallest forecast; nothing fits max_memory {format_bytes(max_memory)}"),
+                      f"smallest forecast; nothing fits {_limit(limit_name, max_memory)}"),
             )
         chosen = min(fitting, key=lambda i: (float(candidates[i].cost or 0.0), int(candidates[i].peak_bytes or 0), i))
-        reason = f"cheapest plan within max_memory {format_bytes(max_memory)}"
+        reason = f"cheapest plan within {_limit(limit_name, max_memory)}"
     elif len(worth) == 1 and len(front) > 1:
         chosen = knee
         reason = (f"no plan saves {MIN_SAVING:.0%} of the step's memory for its extra compute: the fastest plan "
@@ -406,6 +417,27 @@ def choose(
         chosen = knee
         reason = "knee of the forecast Pareto front (peak vs FLOPs)"
     return _plan(candidates, chosen, knee, baseline_bytes, solver, reason)
+
+
+def _limit(name: str, nbytes: int, sep: str = " ") -> str:
+    """The limit in words: ``max_memory 6.00 MiB`` (``sep``: ``"="`` for an argument), or the named one."""
+    return f"max_memory{sep}{format_bytes(nbytes)}" if name == "max_memory" else f"{format_bytes(nbytes)} ({name})"
+
+
+def held_bytes(candidate: Candidate, baseline_bytes: int) -> int:
+    """What ``candidate``'s step holds against a memory limit (bytes): the baseline, its forecast peak
+    above it, and on CUDA the caching allocator's segments beyond the allocated blocks
+    (``reserve_bytes``), since reserved memory is what runs out."""
+    return baseline_bytes + int(candidate.peak_bytes or 0) + int(candidate.reserve_bytes or 0)
+
+
+def reserve_bytes(fc: Forecast) -> int | None:
+    """Bytes ``fc``'s caching-allocator model reserves beyond its allocated high-water mark (``None``
+    when the model did not run: not CUDA)."""
+    allocator = fc.cuda_allocator
+    if allocator is None:
+        return None
+    return max(int(allocator.reserved_peak_bytes) - int(allocator.allocated_max_bytes), 0)
 
 
 def _worth_their_compute(candidates: Sequence[Candidate], front: list[int], baseline_bytes: int) -> list[int]:

@@ -20,6 +20,7 @@ from torch import nn
 
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.checkpointing import CheckpointPolicy, _policy_classes
+from lightning_memplan.planner.device_limit import DeviceLimit
 from lightning_memplan.planner.regional import RegionalFlag, check_regional_flag
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.units import parse_bytes
@@ -32,9 +33,15 @@ __all__ = ["PlanSettings", "auto_backend", "check_submodule", "has_submodule", "
 class PlanSettings:
     """Validated planning arguments (see :class:`~lightning_memplan.MemPlanCallback` for each)."""
 
-    budget: float | Literal["auto"]
+    budget: float | Literal["auto", "knee"]
+    """A fixed budget in [0, 1]; ``"auto"``: the fastest plan within ``max_memory`` (on CUDA without
+    it, the device's memory: :meth:`with_device_limit`), else the knee; ``"knee"``: the knee of the
+    forecast front, or with ``max_memory`` the fastest plan within it."""
     max_memory: int | None
     """Byte target for baseline + step peak, or None."""
+    limit_source: str = ""
+    """Where ``max_memory`` came from, in words (``"max_memory='20GiB'"``, the device's memory);
+    empty when there is none."""
     solver: str | Callable[..., Any]
     solver_name: str
     checkpoint: Any
@@ -72,12 +79,12 @@ class PlanSettings:
         from lightning_memplan.forecasting.validate import check_budget, check_budgets, check_inner, resolve_solver
 
         if isinstance(budget, str):
-            if budget != "auto":
-                close = difflib.get_close_matches(budget.lower(), ["auto"], n=1, cutoff=0.5)
-                hint = " Did you mean 'auto'?" if close else ""
+            if budget not in ("auto", "knee"):
+                close = difflib.get_close_matches(budget.lower(), ["auto", "knee"], n=1, cutoff=0.5)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(
-                    f"`{call}(budget={budget!r})` is not valid. Expected a float in [0.0, 1.0] or "
-                    f"'auto'.{hint}"
+                    f"`{call}(budget={budget!r})` is not valid. Expected a float in [0.0, 1.0], 'auto' (the "
+                    f"fastest plan that fits the limit) or 'knee' (the knee of the forecast front).{hint}"
                 )
         else:
             budget = check_budget(budget, call)
@@ -93,7 +100,8 @@ class PlanSettings:
         remat = check_budgets(remat_budgets, call, "remat_budgets")
         cands = check_budgets(candidate_budgets, call, "candidate_budgets", empty=False)
         return cls(
-            budget=budget, max_memory=max_bytes, solver=solver,
+            budget=budget, max_memory=max_bytes, solver=solver,  # type: ignore[arg-type]
+            limit_source=f"max_memory={max_memory!r}" if max_bytes is not None else "",
             solver_name=solver if isinstance(solver, str) else f"custom:{name}",
             checkpoint=checkpoint, backend=_check_backend(backend, call),
             candidate_budgets=cands,
@@ -109,6 +117,26 @@ class PlanSettings:
         if self.backend != "auto":
             return self
         return dataclasses.replace(self, backend=auto_backend(device))
+
+    @property
+    def limit_name(self) -> str:
+        """What ``max_memory`` is, in the plan's words: ``"max_memory"`` when given, else where it came
+        from (:attr:`DeviceLimit.source`: the device's free and held memory, less the margin)."""
+        return "max_memory" if not self.limit_source or self.limit_source.startswith("max_memory=") \
+            else self.limit_source
+
+    @property
+    def wants_device_limit(self) -> bool:
+        """Whether the plan is to fit the device's memory: ``budget="auto"`` and no ``max_memory``."""
+        return self.budget == "auto" and self.max_memory is None
+
+    def with_device_limit(self, limit: DeviceLimit | None) -> PlanSettings:
+        """These settings with ``limit`` as ``max_memory`` when they want one (:attr:`wants_device_limit`)
+        and there is one (a CUDA device: :func:`~lightning_memplan.planner.device_limit.device_limit`);
+        else unchanged."""
+        if limit is None or not self.wants_device_limit:
+            return self
+        return dataclasses.replace(self, max_memory=limit.bytes, limit_source=limit.source)
 
 
 def _check_time_limit(limit: object, call: str) -> float | None:

@@ -50,6 +50,19 @@ def test_single_device_inductor_forecast_matches_allocator(tmp_path: Path, budge
     assert abs(row["memplan/prediction_error"]) < 0.08
 
 
+def test_auto_fits_the_device_and_recomputes_nothing_when_the_step_fits(tmp_path: Path) -> None:
+    """``MemPlanCallback()`` on a GPU with room to spare: the limit is the device's memory, and the
+    fastest plan (budget 1, nothing checkpointed) is installed; the measured reserved memory stays
+    under that limit."""
+    cb = MemPlanCallback(checkpoint="auto", measure_batches=2)
+    _fit(tmp_path, cb)
+    plan = cb.plan
+    assert cb.fallback_reason is None and plan is not None
+    assert plan.budget == 1.0 and not plan.checkpoint and plan.solver != "remat", plan.reason
+    assert "cuda:0's memory: " in plan.reason and " free + " in plan.reason, plan.reason
+    assert torch.cuda.max_memory_reserved() < torch.cuda.get_device_properties(0).total_memory
+
+
 def test_remat_plan_under_inductor_on_cuda(tmp_path: Path) -> None:
     cb = MemPlanCallback(0.3, solver="remat", backend="inductor", checkpoint=None, measure_batches=2)
     trainer = _fit(tmp_path, cb)
