@@ -92,6 +92,11 @@ class MemPlan:
     """Qualified names of the submodules compiled on their own (regional compilation: the repeated
     blocks, whose alike share one compiled graph with the budget applied to it, and the modules the
     frame looping over them calls besides); ``()``: the module is compiled whole."""
+    batch_size: int | None = None
+    """The batch size the plan was chosen at, when it was searched for (``batch_size="max"``)."""
+    batch_trials: tuple[dict[str, Any], ...] = ()
+    """Every batch size forecast in that search (:class:`~lightning_memplan.core.batch_search.BatchTrial`
+    as a dict: ``batch_size``, ``fits``, ``plan``, ``total_bytes``, ``extra_compute``, ``note``), in the order tried."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, (int, float)) or isinstance(self.budget, bool) or not (
@@ -160,6 +165,7 @@ class MemPlan:
         kw["checkpoint"] = tuple(kw.get("checkpoint", ()))
         kw["regional"] = tuple(kw.get("regional", ()))
         kw["notes"] = tuple(kw.get("notes", ()))
+        kw["batch_trials"] = tuple(dict(t) for t in kw.get("batch_trials", ()))
         cand_fields = {f.name for f in fields(Candidate)}
         kw["candidates"] = tuple(
             Candidate(**{**{k: v for k, v in c.items() if k in cand_fields},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,7 +35,10 @@ from lightning_memplan.planner.called_modules import CallWatch, ModuleCall
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
 from lightning_memplan.planner.device_limit import device_limit
 from lightning_memplan.planner.kv_cache import cache_off_patches
-from lightning_memplan.planner.pipeline import StepObservation, plan_step
+from lightning_memplan.core.batch_search import BatchSizeChoice
+from lightning_memplan.planner.batch_size import max_batch_size
+from lightning_memplan.planner.messages import MemPlanWarning
+from lightning_memplan.planner.pipeline import PlannedStep, StepObservation, plan_step
 from lightning_memplan.planner.precompiled import compiled_by_user
 from lightning_memplan.planner.rng import rng_kept
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
@@ -316,6 +320,8 @@ def plan_memory(
     submodule: str | None = None,
     regional: bool | Literal["auto"] = "auto",
     search_time_limit: float | None = None,
+    batch_size: Literal["max"] | None = None,
+    batch_arg_name: str = "batch_size",
 ) -> MemPlan:
     """Choose a memory plan for ``model`` on the first training batch, without training.
 
@@ -347,8 +353,19 @@ def plan_memory(
     that needs the Trainer), the compiled forward is planned alone, as the callback then plans it
     until its first batch has run.
 
+    ``batch_size="max"``: first the largest batch whose step has a plan within the limit (``max_memory``, else on
+    CUDA the device's memory), found from forecasts at candidate sizes that allocate nothing
+    (:mod:`lightning_memplan.planner.batch_size`), starting from the batch the dataloader makes now. The
+    attribute ``batch_arg_name`` is set to it where ``BatchSizeFinder`` sets it (the model, its ``hparams``,
+    the datamodule and its ``hparams``; it stays set, for the fit), the train dataloader is built again
+    and the plan is chosen on its first batch; ``plan.batch_size`` and ``plan.batch_trials`` record the
+    size and every trial (batch, plan, forecast total, extra compute, fits?). When no size fits, a
+    warning says so and the plan is made at the batch size as it was.
+
     Raises:
-        ValueError: a bad argument (before anything runs).
+        ValueError: a bad argument (before anything runs); with ``batch_size="max"``: no limit (the CPU
+            without ``max_memory``), no attribute ``batch_arg_name``, ``train_dataloaders`` given (it
+            cannot be built again at another size), or a dataloader that ignores the attribute.
         RuntimeError: ``training_step`` does not call ``self(...)``, or no candidate could be forecast.
     """
     settings = PlanSettings.from_args(
@@ -357,20 +374,20 @@ def plan_memory(
         remat_budgets=remat_budgets, regional=regional, search_time_limit=search_time_limit)
     model = getattr(model, "_orig_mod", model) if not isinstance(model, LightningModule) else model  # torch.compile
     path = check_submodule(submodule, "plan_memory")
+    attribute = _batch_attribute(model, datamodule, batch_size, batch_arg_name, train_dataloaders)
     if is_overridden("configure_model", model):  # it makes (or compiles) the model, as fit calls it
         model.configure_model()
-    if train_dataloaders is not None:
-        loader = train_dataloaders
-    elif datamodule is not None:
+    if datamodule is not None and train_dataloaders is None:
         datamodule.setup("fit")
-        loader = datamodule.train_dataloader()
-    else:
-        loader = model.train_dataloader()
+    loader = _train_loader(model, datamodule, train_dataloaders)
     batch = next(iter(loader))
     device = trainer.strategy.root_device
     # backend="auto": inductor on CUDA, aot_eager elsewhere; budget="auto" without max_memory on CUDA: the
     # device's memory is the limit
     settings = settings.on_device(device).with_device_limit(device_limit(device, processes=trainer.world_size))
+    if attribute is not None and settings.max_memory is None:
+        raise ValueError(f"`plan_memory(batch_size='max')` needs a memory limit to fit: on {device.type} there is "
+                         "no device limit to read (CUDA's memory is one). Give `max_memory=` (e.g. '8GiB').")
     param = next(model.parameters(), None)
     home = param.device if param is not None else torch.device("cpu")
     was_training = model.training
@@ -387,26 +404,153 @@ def plan_memory(
         model.train(was_training)
     target = user.module
     call = f"self.{path}(...)" if path else "self(...)"
+    trials: tuple[dict[str, Any], ...] = ()
+    if attribute is not None:
+        choice = _largest_batch(trainer, model, batch, target, settings, attribute, loader, user.patches, device)
+        trials = tuple(dataclasses.asdict(t) for t in choice.trials)
+        if choice.batch_size is None:
+            warnings.warn(f"plan_memory(batch_size='max'): no batch size fits: {choice.reason}; planning at "
+                          f"{batch_arg_name}={attribute.get()} as it is.\n{choice.table()}", MemPlanWarning,
+                          stacklevel=2)
+        else:
+            rank_zero_info(f"plan_memory: batch size {choice.batch_size} ({batch_arg_name}; was {attribute.get()}):\n"
+                           f"{choice.table()}")
+            attribute.set(choice.batch_size)
+            batch = next(iter(_train_loader(model, datamodule, None)))
+            attribute.check_batch(batch)
+    planned = _plan_at(trainer, model, batch, target, settings, user.patches, device, call)
+    if attribute is None:
+        return planned.plan
+    return dataclasses.replace(planned.plan, batch_size=attribute.get(), batch_trials=trials)
+
+
+def _train_loader(model: LightningModule, datamodule: LightningDataModule | None, given: Any) -> Any:
+    """The train dataloader: ``given``, else the datamodule's, else the model's (built now)."""
+    if given is not None:
+        return given
+    return datamodule.train_dataloader() if datamodule is not None else model.train_dataloader()
+
+
+@contextlib.contextmanager
+def _in_step(trainer: Trainer, model: LightningModule, target: nn.Module, patches: Sequence[Any],
+             device: torch.device) -> Any:
+    """The model on ``device`` in training mode, its compile undone and key/value caches off, inside the
+    precision plugin's step context with the generator kept: as ``fit`` runs a step. Yields
+    ``(optimizer, loop)``; the model goes back to its device and mode afterwards."""
+    param = next(model.parameters(), None)
+    home = param.device if param is not None else torch.device("cpu")
+    was_training = model.training
     # the user's torch.compile undone meanwhile: the plan compiles the forward (precompiled.py); the
     # key/value cache off, as the fit has it (planner.kv_cache)
-    with instance_attributes([*user.patches, *cache_off_patches(target)]):
+    with instance_attributes([*patches, *cache_off_patches(target)]):
         try:
             model.to(device)
             model.train()
             optimizers = _configured(model.configure_optimizers())[0]
-            optimizer = optimizers[0] if optimizers else None
-            forward = target.forward
             loop = dataclasses.replace(TrainingLoop.of(trainer, model, target),
                                        other_optimizer_state_bytes=other_optimizer_state_bytes(optimizers))
             # in the precision plugin's step context (autocast for "16-mixed" / "bf16-mixed"), as fit runs it
             with trainer.strategy.precision_plugin.train_step_context(), rng_kept():
-                probed = _probe_step(model, batch, target, device)
-                args, kwargs = (probed.args, probed.kwargs) if probed else _forward_arguments(model, batch, target, call)
-                # decide, re-judge for the step, forecast, warn, lay out (planner.pipeline)
-                planned = plan_step(target, settings=settings, args=args, kwargs=kwargs, forward=forward,
-                                    optimizer=optimizer, call="plan_memory", loop=loop,
-                                    step=probed.observed if probed is not None else None)
+                yield (optimizers[0] if optimizers else None), loop
         finally:
             model.to(home)
             model.train(was_training)
-    return planned.plan
+
+
+def _plan_at(trainer: Trainer, model: LightningModule, batch: Any, target: nn.Module, settings: PlanSettings,
+             patches: Sequence[Any], device: torch.device, call: str) -> PlannedStep:
+    """The plan of ``model``'s step on ``batch``: ``training_step`` probed once, then decided, re-judged,
+    forecast and laid out (:func:`~lightning_memplan.planner.pipeline.plan_step`)."""
+    batch = move_data_to_device(batch, device)
+    with _in_step(trainer, model, target, patches, device) as (optimizer, loop):
+        forward = target.forward
+        probed = _probe_step(model, batch, target, device)
+        args, kwargs = (probed.args, probed.kwargs) if probed else _forward_arguments(model, batch, target, call)
+        return plan_step(target, settings=settings, args=args, kwargs=kwargs, forward=forward,
+                         optimizer=optimizer, call="plan_memory", loop=loop,
+                         step=probed.observed if probed is not None else None)
+
+
+def _largest_batch(trainer: Trainer, model: LightningModule, batch: Any, target: nn.Module, settings: PlanSettings,
+                   attribute: _BatchAttribute, loader: Any, patches: Sequence[Any],
+                   device: torch.device) -> BatchSizeChoice:
+    """The largest batch size with a plan within ``settings.max_memory``, from forecasts at candidate
+    sizes (:func:`~lightning_memplan.planner.batch_size.max_batch_size`), from ``batch`` at the size now."""
+    assert settings.max_memory is not None
+    size = attribute.get()
+    batch = move_data_to_device(batch, device)
+    attribute.check_batch(batch)
+    dataset = getattr(loader, "dataset", None)
+    try:
+        most = len(dataset) if dataset is not None else None  # type: ignore[arg-type]
+    except TypeError:  # an iterable dataset
+        most = None
+    with _in_step(trainer, model, target, patches, device) as (optimizer, loop):
+        probed = _probe_step(model, batch, target, device)
+        args, kwargs = (probed.args, probed.kwargs) if probed else _forward_arguments(model, batch, target)
+        return max_batch_size(target, settings=settings, args=args, kwargs=kwargs, batch_size=size,
+                              limit_bytes=settings.max_memory, limit_source=settings.limit_source,
+                              device=device, forward=target.forward, optimizer=optimizer, loop=loop,
+                              eager_losses=probed.observed.eager_losses if probed else (), max_size=most)
+
+
+class _BatchAttribute:
+    """The attribute ``name`` that sets the batch size, where ``BatchSizeFinder`` looks for it: the
+    model, its ``hparams``, the datamodule and its ``hparams``. Read from the last that has it; set
+    on every one."""
+
+    def __init__(self, name: str, holders: list[Any]) -> None:
+        self.name, self._holders = name, holders
+
+    def get(self) -> int:
+        holder = self._holders[-1]
+        return int(holder[self.name] if isinstance(holder, dict) else getattr(holder, self.name))
+
+    def set(self, value: int) -> None:
+        for holder in self._holders:
+            if isinstance(holder, dict):
+                holder[self.name] = value
+            else:
+                setattr(holder, self.name, value)
+
+    def check_batch(self, batch: Any) -> None:
+        """A ValueError unless some tensor of ``batch`` has :meth:`get` rows: the dataloader follows the attribute."""
+        size = self.get()
+        rows = {t.shape[0] for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim() > 0}
+        if size not in rows:
+            raise ValueError(f"`plan_memory(batch_size='max', batch_arg_name={self.name!r})`: the train dataloader "
+                             f"made a batch of {sorted(rows)} rows with {self.name}={size}, so it does not build its "
+                             f"batches from `{self.name}`. Pass it to the DataLoader: "
+                             f"`DataLoader(..., batch_size=self.{self.name})`.")
+
+
+def _batch_attribute(model: LightningModule, datamodule: LightningDataModule | None, batch_size: object,
+                     name: object, given: Any) -> _BatchAttribute | None:
+    """The batch attribute to search (``batch_size="max"``), or ``None``; a ValueError for bad arguments."""
+    if batch_size is None:
+        return None
+    if batch_size != "max":
+        raise ValueError(f"`plan_memory(batch_size={batch_size!r})` is not valid. Expected 'max' (the largest batch "
+                         "that fits) or None (the batch size as it is).")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"`plan_memory(batch_arg_name={name!r})` must be the name of the attribute that sets the "
+                         "batch size, such as 'batch_size'.")
+    if given is not None:
+        raise ValueError("`plan_memory(batch_size='max', train_dataloaders=...)`: a dataloader given as it is cannot "
+                         "be built again at another batch size. Give the datamodule, or define train_dataloader() "
+                         f"on the model, building it from `self.{name}`.")
+    holders: list[Any] = []
+    for owner in (model, datamodule):
+        if owner is None:
+            continue
+        if hasattr(owner, name):
+            holders.append(owner)
+        hparams = getattr(owner, "hparams", None)
+        if hparams is not None and name in hparams:
+            holders.append(hparams)
+    if not holders:
+        searched = "the model, its hparams" + (", the datamodule and its hparams" if datamodule is not None else "")
+        raise ValueError(f"`plan_memory(batch_size='max', batch_arg_name={name!r})`: no attribute {name!r} in "
+                         f"{searched}. Store the batch size there (`self.{name} = 32`) and build the train "
+                         "dataloader from it, or name the attribute with `batch_arg_name=`.")
+    return _BatchAttribute(name, holders)

@@ -27,6 +27,7 @@ __all__ = [
     "storage_weakref",
     "tree_leaves",
     "tree_map",
+    "tree_rebuilder",
     "unique_storages",
 ]
 
@@ -69,6 +70,13 @@ def unique_storages(tensors: Sequence[torch.Tensor], seen: set[int]) -> list[tup
 
 def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     return _pytree.tree_map(fn, tree)
+
+
+def tree_rebuilder(tree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """``tree``'s pytree leaves, and a function that builds a tree of the same structure from a
+    list of as many leaves (a plain function: copies of an object holding it share it)."""
+    leaves, spec = _pytree.tree_flatten(tree)
+    return list(leaves), lambda new: _pytree.tree_unflatten(new, spec)
 
 
 def tree_leaves(tree: Any) -> list[Any]:

@@ -142,6 +142,7 @@ def search(
     regional: Sequence[str] = (),
     time_limit: float | None = None,
     limit_name: str = "max_memory",
+    target: str | None = None,
 ) -> SearchResult:
     """Forecast every (checkpoint set, budget) plan and choose one (see the module docstring).
 
@@ -166,6 +167,7 @@ def search(
     :data:`OUT_OF_TIME` and the plan is chosen among the others (``None``: no limit). A trace
     running when the time passes finishes, and the plans it partitioned count.
     ``limit_name``: what ``max_memory`` is, in the plan's reason and the error (see :func:`choose`).
+    ``target``: forecast every candidate without running, for that device (see :func:`~lightning_memplan.forecast`).
 
     Raises:
         PlanDoesNotFit: ``max_memory`` given and no forecast fits it (its ``forecasts`` attribute
@@ -219,7 +221,7 @@ def search(
                 warnings.filterwarnings("ignore", message="lightning_memplan.forecast: ", category=RuntimeWarning)
                 grid = forecast_grid(model, tuple(example_inputs), budgets=tuple(budgets), checkpoint_sets=emulable,
                                      solver="dp" if remat_only else solver, loss_fn=loss_fn, optimizer=optimizer,
-                                     run=frugal, remat_budgets=remat_budgets, regional=regional)
+                                     run=frugal, remat_budgets=remat_budgets, regional=regional, target=target)
         except Exception:  # noqa: BLE001 - fall back to one trace per checkpoint set
             grid = {}
     for ck in (() if remat_only else sets):
@@ -229,7 +231,7 @@ def search(
             if sweepable and len(swept) < len(budgets) and not out_of_time():
                 try:  # the emulation failed for this set: one trace with the blocks really wrapped
                     swept = forecast_sweep(model, tuple(example_inputs), budgets=tuple(budgets), solver=solver,
-                                           loss_fn=loss_fn, optimizer=optimizer, regional=regional)
+                                           loss_fn=loss_fn, optimizer=optimizer, regional=regional, target=target)
                 except Exception:  # noqa: BLE001 - fall back to one forecast per budget
                     swept = {}
             # the blocks dynamo ran eagerly under the real wrappers: of the trace, whatever the budget
@@ -243,8 +245,8 @@ def search(
                     continue
                 try:
                     if fc is None:  # a forecast of its own: it knows its compiled parameters
-                        fc = forecast(model, tuple(example_inputs), budget=b, solver=solver,
-                                      backend=backend, loss_fn=loss_fn, optimizer=optimizer, regional=regional)
+                        fc = forecast(model, tuple(example_inputs), budget=b, solver=solver, backend=backend,
+                                      loss_fn=loss_fn, optimizer=optimizer, regional=regional, target=target)
                         eager = eager or uncompiled_blocks(model, ck, fc.compiled_parameter_ids)
                     base, peak = judge(fc)
                     baseline = base if baseline is None else baseline
@@ -270,7 +272,7 @@ def search(
         try:
             if fc is None or fc.status != "ok":
                 fc = forecast(model, tuple(example_inputs), budget=b, solver="remat", backend=backend,
-                              loss_fn=loss_fn, optimizer=optimizer, regional=regional)
+                              loss_fn=loss_fn, optimizer=optimizer, regional=regional, target=target)
             base, peak = judge(fc)
             cand = Candidate(budget=b, peak_bytes=peak, cost=forecast_flops(fc), note=_note(fc), solver="remat",
                              reserve_bytes=reserve_bytes(fc))

@@ -405,7 +405,7 @@ def test_numpy_scalars_and_an_empty_checkpoint_set_are_taken_as_meant() -> None:
     ("kwargs", "match"),
     [
         (dict(budget=1.5), r"`MemPlanCallback\(budget=1.5\)` is not a valid activation memory budget"),
-        (dict(budget="atuo"), r"`MemPlanCallback\(budget='atuo'\)` is not valid\. Expected a float in \[0.0, 1.0\] or 'auto'\. Did you mean 'auto'\?"),
+        (dict(budget="atuo"), r"`MemPlanCallback\(budget='atuo'\)` is not valid\. Expected a float in \[0.0, 1.0\], 'auto' \(the fastest plan that fits the limit\) or 'knee' \(the knee of the forecast front\)\. Did you mean 'auto'\?"),
         (dict(max_memory="20 gigs"), r"`max_memory='20 gigs'` is not a byte size"),
         (dict(solver="cplex"), r"`MemPlanCallback\(solver='cplex'\)` is not a known solver"),
         (dict(checkpoint="all"), r"`checkpoint='all'` is not a checkpoint policy"),

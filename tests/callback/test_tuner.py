@@ -257,3 +257,56 @@ def test_plan_memory_measures_the_eager_code_on_the_outputs(model_cls: type, mon
         assert plan.predicted_peak_bytes == alone.predicted_peak_bytes + 64 * 256 * 4
     else:
         assert alone.predicted_peak_bytes < 0.8 * measured
+
+
+class _Batched(TinyNet):
+    """TinyNet whose dataloader takes its batch size from ``self.batch_size``, as BatchSizeFinder expects."""
+
+    def __init__(self, batch_size: int = 32, rows: int = 2048, follow: bool = True, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.batch_size, self._rows, self._follow = batch_size, rows, follow
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(self._rows, self._width, generator=g)
+        data = torch.utils.data.TensorDataset(x, x[:, :1].clone())
+        return torch.utils.data.DataLoader(data, batch_size=self.batch_size if self._follow else 32)
+
+
+def _cpu_trainer(tmp_path: Path, **kw: object) -> Trainer:
+    return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, default_root_dir=tmp_path, **kw)  # type: ignore[arg-type]
+
+
+def test_plan_memory_finds_the_largest_batch_that_fits_and_a_fit_at_it_stays_under_the_limit(tmp_path: Path) -> None:
+    limit = 20 * 2**20
+    model = _Batched(width=256, depth=3, rows=8192)
+    plan = plan_memory(_cpu_trainer(tmp_path), model, max_memory=limit, batch_size="max", backend="aot_eager")
+    trials = {t["batch_size"]: t for t in plan.batch_trials}
+    assert plan.batch_size == model.batch_size and trials[plan.batch_size]["fits"]
+    assert plan.batch_size > 32  # the start fits with room: it grew
+    assert all(t["fits"] == (b <= plan.batch_size) for b, t in trials.items()), trials  # one boundary
+    assert any(b > plan.batch_size for b in trials)  # a larger size was tried and does not fit
+    assert plan.baseline_bytes + plan.predicted_peak_bytes <= limit
+    # the plan was chosen on a batch of that size, and a real fit at it stays under the limit
+    cb = MemPlanCallback(plan=plan, measure_batches=2, log_plots=False, verbose=False)
+    _cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=6, callbacks=[cb]).fit(model)
+    assert cb.fallback_reason is None and cb.measured[0], (cb.fallback_reason, cb.measured)
+    assert cb.plan.baseline_bytes + max(cb.measured[0]) <= limit, (cb.plan.baseline_bytes, cb.measured)
+    saved = MemPlan.load(plan.save(tmp_path / "plan.json"))
+    assert saved.batch_size == plan.batch_size and saved.batch_trials == plan.batch_trials
+
+
+def test_plan_memory_batch_size_max_refuses_what_it_cannot_search(tmp_path: Path) -> None:
+    trainer = _cpu_trainer(tmp_path)
+    with pytest.raises(ValueError, match=r"`plan_memory\(batch_size='huge'\)` is not valid\. Expected 'max'"):
+        plan_memory(trainer, _Batched(), batch_size="huge")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"batch_arg_name='bs'\)`: no attribute 'bs' in the model, its hparams\. "):
+        plan_memory(trainer, _Batched(), batch_size="max", batch_arg_name="bs", max_memory="1GiB")
+    with pytest.raises(ValueError, match=r"needs a memory limit to fit: on cpu there is no device limit"):
+        plan_memory(trainer, _Batched(), batch_size="max")
+    with pytest.raises(ValueError, match=r"train_dataloaders=\.\.\.\)`: a dataloader given as it is cannot be built"):
+        plan_memory(trainer, _Batched(), batch_size="max", max_memory="1GiB",
+                    train_dataloaders=_Batched().train_dataloader())
+    with pytest.raises(ValueError, match=r"made a batch of \[32\] rows with batch_size=16, so it does not build"):
+        plan_memory(trainer, _Batched(batch_size=16, follow=False), batch_size="max", max_memory="1GiB")

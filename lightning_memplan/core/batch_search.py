@@ -1,0 +1,132 @@
+"""The largest batch that fits a memory limit, from forecasts: plain data, no torch.
+
+A *trial* forecasts the step at one batch size and says whether some plan fits the limit
+(:class:`BatchTrial`). :func:`largest_fitting` asks for trials as Lightning's ``BatchSizeFinder``
+runs real steps in its ``"binsearch"`` mode, but judges each by its forecast, so nothing runs out
+of memory: from ``start`` it doubles while the trial fits (halves while it does not), then bisects
+between the largest size that fits and the smallest that does not. It relies on one invariant: a
+step's memory does not shrink as its batch grows, so once a size does not fit, no larger one does.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lightning_memplan.units import format_bytes
+
+__all__ = ["BatchSizeChoice", "BatchTrial", "largest_fitting"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchTrial:
+    """The forecast of one training step at one batch size."""
+
+    #: Samples per batch.
+    batch_size: int
+    #: Whether a plan's forecast fits the limit.
+    fits: bool
+    #: The plan in words: the fastest that fits, else the one with the smallest forecast.
+    plan: str = ""
+    #: That plan's forecast total held against the limit (bytes: baseline + peak, and on CUDA the
+    #: caching allocator's reserve); ``None`` when no forecast was made.
+    total_bytes: int | None = None
+    #: That plan's estimated compute over the fastest plan's at this batch (a ratio; 0.0: none extra).
+    extra_compute: float | None = None
+    #: Why there is no forecast, or what else to know of this trial.
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSizeChoice:
+    """The largest batch whose step fits, and every trial that found it."""
+
+    #: The largest batch size that fits; ``None`` when not even the smallest tried does.
+    batch_size: int | None
+    #: Every trial, in the order they were made.
+    trials: tuple[BatchTrial, ...]
+    #: The limit the trials were judged against (bytes).
+    limit_bytes: int
+    #: Where the limit came from, in words.
+    limit_source: str
+    #: How the search ended, in words.
+    reason: str = ""
+
+    @property
+    def chosen(self) -> BatchTrial | None:
+        """The trial at :attr:`batch_size` (``None`` when none fits)."""
+        return next((t for t in self.trials if t.batch_size == self.batch_size and t.fits), None)
+
+    def table(self) -> str:
+        """The trials as a table of at most 100 columns: batch, plan, forecast total, extra compute, fits?"""
+        head = f"{'batch':>7}  {'plan':<38} {'forecast':>11} {'extra compute':>13}  fits?"
+        lines = [head, "-" * len(head)]
+        for t in sorted(self.trials, key=lambda t: t.batch_size):
+            total = format_bytes(t.total_bytes) if t.total_bytes is not None else "-"
+            extra = f"{100 * t.extra_compute:+.0f}%" if t.extra_compute is not None else "-"
+            plan = (t.plan or t.note)[:38]
+            lines.append(f"{t.batch_size:>7}  {plan:<38} {total:>11} {extra:>13}  {'yes' if t.fits else 'no'}")
+        lines.append(f"limit {format_bytes(self.limit_bytes)} ({self.limit_source}); {self.reason}")
+        return "\n".join(lines)
+
+
+def largest_fitting(trial: Callable[[int], BatchTrial], *, start: int, limit_bytes: int, limit_source: str,
+                    max_size: int | None = None, max_trials: int = 16) -> BatchSizeChoice:
+    """The largest batch size ``b`` (``1 <= b <= max_size``) for which ``trial(b).fits``, found with at
+    most ``max_trials`` trials (see the module docstring). ``trial`` is called once per size.
+
+    Raises:
+        ValueError: ``start`` or ``max_trials`` is not an int >= 1, or ``max_size`` < 1.
+    """
+    for name, value in (("start", start), ("max_trials", max_trials)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`largest_fitting({name}={value!r})` must be an int >= 1.")
+    if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1):
+        raise ValueError(f"`largest_fitting(max_size={max_size!r})` must be an int >= 1 or None.")
+    top = max_size if max_size is not None else None
+    start = min(start, top) if top is not None else start
+    seen: dict[int, BatchTrial] = {}
+
+    def fits(b: int) -> bool:
+        if b not in seen:
+            seen[b] = trial(b)
+        return seen[b].fits
+
+    def done(size: int | None, reason: str) -> BatchSizeChoice:
+        return BatchSizeChoice(batch_size=size, trials=tuple(seen.values()), limit_bytes=limit_bytes,
+                               limit_source=limit_source, reason=reason)
+
+    # bracket: good fits, bad does not (None: not found yet)
+    good: int | None
+    bad: int | None
+    if fits(start):
+        good, bad = start, None
+        while bad is None and len(seen) < max_trials:
+            if top is not None and good >= top:
+                return done(good, f"{good} fits, the most there is to batch ({top})")
+            nxt = good * 2 if top is None else min(good * 2, top)
+            if fits(nxt):
+                good = nxt
+            else:
+                bad = nxt
+    else:
+        good, bad = None, start
+        while good is None and bad > 1 and len(seen) < max_trials:
+            nxt = bad // 2
+            if fits(nxt):
+                good = nxt
+            else:
+                bad = nxt
+        if good is None:
+            return done(None, f"not even batch {min(seen)} fits" if bad == 1 else
+                        f"no batch down to {min(seen)} fits within {max_trials} trials")
+    if bad is None:
+        return done(good, f"{good} fits; the trials ran out ({max_trials}) before a size that does not")
+    while bad - good > 1 and len(seen) < max_trials:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    if bad - good > 1:
+        return done(good, f"the largest found: {good} fits, {bad} does not ({max_trials} trials)")
+    return done(good, f"the largest that fits: {good} fits, {bad} does not")
