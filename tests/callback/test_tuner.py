@@ -239,7 +239,7 @@ def test_plan_memory_measures_the_eager_code_on_the_outputs(model_cls: type, mon
 
     model = model_cls()
     with monkeypatch.context() as m:
-        m.setattr(tuner_mod, "_probe_step", lambda *a, **k: None)  # the compiled forward alone
+        m.setattr(tuner_mod, "probe_step", lambda *a, **k: None)  # the compiled forward alone
         alone = plan_memory(_trainer(), model, budget=1.0, backend="aot_eager")
     plan = plan_memory(_trainer(), model, budget=1.0, backend="aot_eager")
     assert "forward" not in model.__dict__ and "log" not in model.__dict__
