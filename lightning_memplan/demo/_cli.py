@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,6 +103,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo with the parsed flags; returns 0 (raises SystemExit on a bad option)."""
+    if "torch" not in sys.modules:  # read once, when torch loads; a value the user set is kept
+        # torch's C++ warnings off: the CPU peak meter's profiler warns of every block allocated before
+        # it started, which it leaves out by design (it measures above the step's starting bytes)
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from lightning_memplan.demo.run import DEMO_BUDGETS, DemoOptions, run_demo
     from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
 

@@ -8,6 +8,7 @@ CSV logger) and where the pictures are. It returns the same facts as a :class:`D
 from __future__ import annotations
 
 import csv
+import logging
 import time
 import warnings
 from collections.abc import Sequence
@@ -20,10 +21,11 @@ from tabulate import tabulate
 
 from lightning_memplan.demo.data import make_dataloader
 from lightning_memplan.demo.model import GPT, MODEL_SIZES, Block
-from lightning_memplan.forecasting.capture import REASON_WORDS
+from lightning_memplan.callback.reporter import candidates_table
 from lightning_memplan.planner.search import DEFAULT_REMAT_BUDGETS
 from lightning_memplan.planner.settings import auto_backend
-from lightning_memplan.units import format_bytes
+from lightning_memplan.text import COLUMNS, fill
+from lightning_memplan.units import format_bytes, parse_bytes
 
 __all__ = ["DemoOptions", "DemoResult", "EpochRow", "default_backend", "run_demo"]
 
@@ -119,29 +121,6 @@ def _read_epochs(metrics_csv: Path) -> tuple[EpochRow, ...]:
                           error=num(r, "memplan/prediction_error")) for k, r in enumerate(rows))
 
 
-def candidates_table(plan: Any) -> str:
-    """The plans the search forecast, the knee and the chosen one marked (github table)."""
-    rows = []
-    for i, c in enumerate(plan.candidates):
-        mark = " ".join(m for m, j in (("chosen", plan.chosen), ("knee", plan.knee)) if j == i)
-        flops = "-" if c.cost is None else f"{c.cost / 1e9:.2f}"
-        note = c.note.replace("solver not called", "not called")
-        solver = "remat" if c.solver == "remat" else "knapsack"
-        rows.append([solver, f"{c.budget:g}", len(c.checkpoint), format_bytes(c.peak_bytes), flops, note, mark])
-    return tabulate(rows, headers=["plan", "budget", "ckpt blocks", "forecast peak", "GFLOPs fwd+bwd",
-                                   "partitioner", "choice"], tablefmt="github")
-
-
-def reason_legend(plan: Any) -> str:
-    """What the partitioner codes in :func:`candidates_table` mean (the ones it shows), and the
-    knee, one line each."""
-    shown = " ".join(c.note for c in plan.candidates)
-    lines = ["knee: the plan on the Pareto front closest to both least memory and least compute (each "
-             "axis scaled to the front's range)."]
-    lines += [f"{code}: {words}." for code, words in REASON_WORDS.items() if f"({code})" in shown]
-    return "\n".join(lines)
-
-
 def epochs_table(rows: Sequence[EpochRow]) -> str:
     """Per-epoch predicted / measured peak and the signed error (github table)."""
     body = [[r.epoch, format_bytes(r.predicted_bytes), format_bytes(r.measured_bytes),
@@ -172,28 +151,35 @@ def run_demo(options: DemoOptions = DemoOptions(), *, echo: bool = True) -> Demo
     cfg = model.config
     params = sum(p.numel() for p in model.parameters())
     accel = "gpu" if torch.cuda.is_available() else "cpu"
-    say(f"memplan demo: a character-level GPT ({options.model_size}: {cfg.n_layer} blocks, "
+    say(fill(f"memplan demo: a character-level GPT ({options.model_size}: {cfg.n_layer} blocks, "
         f"{cfg.n_embd} wide, {params / 1e6:.2f} M parameters) on {tok.vocab_size}"
         f"-character vocabulary, batches of {options.batch_size} x {block} characters, "
         f"{options.epochs} epochs x {min(options.batches, len(loader))} batches, {accel}, backend {backend}, "
         f"MemPlanCallback(budget={options.budget!r}"
         + (f", max_memory={options.max_memory!r}" if options.max_memory is not None else "")
-        + f", solver={options.solver!r}).", flush=True)
+        + f", solver={options.solver!r})."), flush=True)
     if options.budget == "auto":
-        say("The first batch forecasts each candidate plan (budget x checkpointed blocks, and whole-graph "
-            "remat plans) on the real "
-            "compiled graphs; that takes a few seconds per plan on a CPU.", flush=True)
+        say(fill("The first batch forecasts each candidate plan (budget x checkpointed blocks, and whole-graph "
+                 "remat plans) on the real compiled graphs; that takes a few seconds per plan on a CPU.",
+                 indent=""), flush=True)
     logger = CSVLogger(options.out, name="demo")
+    wrap = _Wrapped()
+    for name in _CONSOLE_LOGGERS:
+        logging.getLogger(name).addFilter(wrap)
     trainer = Trainer(
         max_epochs=options.epochs, limit_train_batches=options.batches, accelerator=accel, devices=1,
         callbacks=[callback], logger=logger, default_root_dir=options.out, log_every_n_steps=1,
         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=options.progress_bar,
     )
     t_fit = time.perf_counter()
-    with warnings.catch_warnings():
-        # Lightning 2.6 on torch >= 2.10: a deprecation inside Lightning, not actionable here
-        warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
-        trainer.fit(model, loader)
+    try:
+        with warnings.catch_warnings():
+            # Lightning 2.6 on torch >= 2.10: a deprecation inside Lightning, not actionable here
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+            trainer.fit(model, loader)
+    finally:
+        for name in _CONSOLE_LOGGERS:
+            logging.getLogger(name).removeFilter(wrap)
     fit_seconds = time.perf_counter() - t_fit
     log_dir = Path(logger.log_dir)
     epochs = _read_epochs(log_dir / "metrics.csv")
@@ -203,38 +189,49 @@ def run_demo(options: DemoOptions = DemoOptions(), *, echo: bool = True) -> Demo
     result = DemoResult(plan=callback.plan, fallback_reason=callback.fallback_reason, epochs=epochs,
                         log_dir=log_dir, pictures=pictures, seconds=seconds)
     if echo:
-        _print_report(result)
+        limit = None if options.max_memory is None else parse_bytes(options.max_memory, argument="max_memory")
+        _print_report(result, limit)
     return result
 
 
-def _print_report(result: DemoResult) -> None:
+#: The loggers Lightning's ``rank_zero_info`` writes the console messages through (its own and the
+#: callback's).
+_CONSOLE_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+
+
+class _Wrapped(logging.Filter):
+    """Breaks a console message's lines longer than :data:`~lightning_memplan.text.COLUMNS` at
+    spaces (:func:`~lightning_memplan.text.fill`), so the demo reads in a terminal of that width."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if any(len(line) > COLUMNS for line in text.splitlines()):
+            record.msg, record.args = fill(text), ()
+        return True
+
+
+def _print_report(result: DemoResult, limit_bytes: int | None) -> None:
     plan = result.plan
     print()
     if plan is None:
-        print(f"MemPlanCallback fell back to the uncompiled model: {result.fallback_reason}")
+        print(fill(f"MemPlanCallback fell back to the uncompiled model: {result.fallback_reason}"))
     else:
-        print(f"Plan in force: budget {plan.budget:g}, {len(plan.checkpoint)} checkpointed block(s)"
-              f"{' (' + ', '.join(plan.checkpoint) + ')' if plan.checkpoint else ''}, solver {plan.solver}, "
-              f"backend {plan.backend}; {plan.reason or 'given'}.")
+        blocks = ", ".join(plan.checkpoint) if plan.checkpoint else "nothing"
+        print(fill(f"Plan in force: budget {plan.budget:g}, solver {plan.solver}, {blocks} checkpointed, backend "
+                   f"{plan.backend}; {plan.reason or 'given'}."))
         if (trade_off := plan.trade_off()) is not None:
-            print(f"The trade-off: {trade_off}.")
+            print(fill(f"The trade-off: {trade_off}."))
         if plan.candidates:
-            print("\nCandidate plans (forecast peak above the baseline of "
-                  f"{format_bytes(plan.baseline_bytes)} for parameters, their gradients, optimizer state "
-                  "and batch):")
-            print(candidates_table(plan))
-            print(reason_legend(plan))
-            print("(Peaks of the step Lightning runs: the previous step's gradients stay live through "
-                  "the forward and are freed in zero_grad, before backward.)")
-    print("\nPeak memory of a training step above its starting bytes, per epoch "
-          "(as logged under memplan/*):")
+            print(fill("\nCandidate plans (the peak of the step Lightning runs: the previous step's gradients stay "
+                       "live through the forward and are freed in zero_grad, before backward):", indent=""))
+            print(candidates_table(plan, limit_bytes=limit_bytes))
+    print("\nPeak memory of a training step above its starting bytes, per epoch (as logged under memplan/*):")
     print(epochs_table(result.epochs) if result.epochs else "(nothing logged)")
     if result.pictures:
         print("\nPictures:")
         for p in result.pictures:
-            what = "forecast Pareto front, knee and choice" if p.stem == "frontier" else \
-                "forecast memory timeline of one step vs measured peak"
-            print(f"  {p}  ({what})")
+            what = "Pareto front, knee and choice" if p.stem == "frontier" else "memory timeline, forecast vs measured"
+            print(f"  {what}: {p}")
     print(f"Metrics: {result.log_dir / 'metrics.csv'}")
     s = result.seconds
     parts = [f"total {s['total']:.0f} s", f"fit {s['fit']:.0f} s"]

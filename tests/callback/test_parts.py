@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +18,7 @@ from lightning_memplan.callback.options import callback_options
 from lightning_memplan.callback.peak_meter import PeakMeter
 from lightning_memplan.callback.phase import FitProgress, Phase
 from lightning_memplan.callback.recompiles import RecompileWatch
-from lightning_memplan.callback.reporter import epoch_line, epoch_metrics, plan_table
+from lightning_memplan.callback.reporter import candidates_table, epoch_line, epoch_metrics, plan_table, regions_phrase
 from lightning_memplan.callback.shapes import ShapeTracker
 from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.forecasting.eager_loss import EagerLoss
@@ -331,22 +332,126 @@ def test_the_plan_table_names_the_knee_and_the_decision_time() -> None:
     cands = (Candidate(budget=1.0, peak_bytes=2000, cost=1.0), Candidate(budget=0.5, peak_bytes=1000, cost=2.0))
     text = plan_table(_plan(candidates=cands, knee=1, chosen=1),
                       {"decide_seconds": 2.0, "install_seconds": 4.0})
-    assert "knee" in text and "budget 0.5" in text and "the search took 0.5x one compile" in text and "blocks.0" in text
+    flat = " ".join(text.split())  # values wrap to the table's width
+    assert "knee" in text and "budget 0.5" in text and "the search took 0.5x one compile" in flat and "blocks.0" in text
     # the choice in plain words, against no plan and against the least memory
-    assert "budget 0.5: 1000 B, 50% less than no plan's 1.95 KiB, for +100% estimated compute" in text
+    assert "budget 0.5: 1000 B, 50% less than no plan's 1.95 KiB, for +100% estimated compute" in flat
     noted = plan_table(_plan(notes=("region 0: solver not called (budget_1)",)), {})
-    assert "region 0: solver not called (budget 1: torch's fastest choice of what to save is kept" in noted
+    assert "partitioner          1 region: default" in noted
 
 
-def test_the_plan_table_says_each_partitioner_outcome_once_with_its_regions() -> None:
+def test_the_plan_table_says_the_partitioner_in_one_phrase() -> None:
     notes = tuple(f"region {i}: solver not called (budget_1)" for i in (0, 2, 3, 4, 5)) + (
         "region 1: solver not called (unknown)",)
     text = plan_table(_plan(notes=notes), {})
-    rows = [line for line in text.splitlines() if line.startswith("partitioner")]
-    assert len(rows) == 2, text
-    assert "5 regions 0, 2, 3, 4, 5: solver not called (budget 1: torch's fastest choice" in rows[0]
-    assert "region 1: solver not called (the partitioner was not observed)" in rows[1]
-    assert "budget_1" not in text and "(unknown)" not in text
+    rows = [line for line in text.splitlines() if line.lstrip().startswith("partitioner")]
+    assert rows == ["  partitioner          6 regions: 5 default, 1 not partitioned"], text
+    assert "budget_1" not in text and "(unknown)" not in text and "region 1" not in text
+    # the search's own plan carries the chosen candidate's note: the same phrase
+    searched = plan_table(_plan(notes=("solver called; solver called; solver not called (min_cut_below_inputs)",)), {})
+    assert "3 regions: 2 solved, 1 default" in searched
+
+
+def test_regions_phrase_counts_each_outcome() -> None:
+    assert regions_phrase(["budget_1"] * 6) == "6 regions: default"
+    assert regions_phrase(["solved", "min_cut_below_inputs", "budget_1"]) == "3 regions: 2 default, 1 solved"
+    assert regions_phrase(["solved", "solved", "unknown"], "remat") == "3 regions: 2 remat, 1 not partitioned"
+    assert regions_phrase(["budget_0"]) == "1 region: inputs only"
+
+
+#: What a table a person reads must not show: the partitioner's codes and notes, the forecast's
+#: consistency notes, raw byte counts (issue 49).
+_INTERNAL = ("solver not called", "solver called", "partitioner was not observed", "allocator model", "budget_1",
+             "min_cut_below_inputs", "(unknown)", "timeline at")
+
+#: A note of the forecast's, as a CUDA forecast writes it when two of its models disagree.
+_ALLOCATOR_NOTE = ("the step's allocations peak at 12197896 bytes, the timeline at 11935752: the CUDA allocator "
+                   "model was not run")
+
+
+def _assert_readable(text: str) -> None:
+    wide = [line for line in text.splitlines() if len(line) > 100]
+    assert not wide, f"wider than 100 columns: {wide}"
+    shown = [word for word in _INTERNAL if word in text]
+    assert not shown, f"internal notes shown: {shown}\n{text}"
+    assert not re.search(r"\d{5,} bytes", text), text
+
+
+def _searched_plan(**kw: Any) -> MemPlan:
+    """A search's plan as the demo's is: knapsack plans with the partitioner's note per region (one
+    carrying a CUDA consistency note), checkpointed blocks of long names, whole-graph remat plans,
+    one failed forecast."""
+    regions = "; ".join(["solver not called (budget_1)"] * 6)
+    mixed = "; ".join(["solver not called (min_cut_below_inputs)"] * 4 + ["solver called"] * 2)
+    blocks = tuple(f"model.decoder.layers.{i}.self_attention" for i in range(2))
+    remat = "; ".join(["solver called"] * 6)
+    cands = (
+        Candidate(budget=1.0, peak_bytes=11 * 2**20, cost=6.3e8, note=f"{regions}; {_ALLOCATOR_NOTE}"),
+        Candidate(budget=0.3, peak_bytes=8 * 2**20, cost=6.9e8, note=mixed),
+        Candidate(budget=1.0, checkpoint=blocks[:1], peak_bytes=10 * 2**20, cost=6.9e8, note=regions),
+        Candidate(budget=0.3, checkpoint=blocks, peak_bytes=7 * 2**20, cost=7.6e8, note=f"{mixed}; {mixed}"),
+        Candidate(budget=0.55, peak_bytes=9 * 2**20, cost=6.3e8, note=remat, solver="remat"),
+        Candidate(budget=0.4, peak_bytes=int(7.9 * 2**20), cost=6.8e8, note=remat, solver="remat"),
+        Candidate(budget=0.25, note="forecast failed: RuntimeError('" + "x" * 300 + "')", solver="remat"),
+    )
+    notes = ("region 0: solver not called (unknown)",) + tuple(f"region {i}: solver called" for i in range(1, 7))
+    base = dict(budget=0.4, solver="remat", predicted_peak_bytes=int(7.9 * 2**20), baseline_bytes=int(1.7 * 2**20),
+                reason="knee of the forecast Pareto front (peak vs FLOPs)", knee=5, chosen=5, candidates=cands,
+                notes=notes, checkpoint=(), regional=tuple(f"blocks.{i}" for i in range(12)))
+    return _plan(**{**base, **kw})
+
+
+def test_issue_49_the_plan_table_fits_100_columns_and_shows_no_internal_note() -> None:
+    plan = _searched_plan(notes=_searched_plan().notes + (_ALLOCATOR_NOTE,))
+    text = plan_table(plan, {"decide_seconds": 5.7, "install_seconds": 1.8},
+                      planned="the LightningModule (`self(...)` in training_step)")
+    _assert_readable(text)
+    assert "7 regions: 6 remat, 1 not partitioned" in text
+    # a note that changes the answer is said in words
+    assert "not the CUDA caching allocator's rounded blocks" in " ".join(text.split())
+
+
+def test_issue_49_the_candidates_table_fits_100_columns_and_shows_no_internal_note() -> None:
+    plan = _searched_plan()
+    for limit in (None, 12 * 2**20):
+        text = candidates_table(plan, limit_bytes=limit)
+        _assert_readable(text)
+        header, rule, *rest = text.splitlines()
+        assert header.split() == ["plan", "peak", *(["fits"] if limit else []), "compute", "recomputed", "choice"]
+        rows = [line for line in rest if line.startswith(("budget ", "remat "))]
+        assert len(rows) == len(plan.candidates)  # one row a plan
+    assert "fits" not in candidates_table(plan).splitlines()[0]
+    # a row with its phrase's continuation lines, joined
+    joined = re.sub(r"\n {20,}", " ", text).splitlines()
+    row = {c.label: next(line for line in joined if line.startswith(c.label + "  ")) for c in plan.candidates}
+    # 1.70 MiB of baseline + 11 MiB of peak is over 12 MiB, + 8 MiB is not
+    assert row["budget 1"].split()[2:6] == ["11.00", "MiB", "no", "+0%"] and "6 regions: default" in row["budget 1"]
+    assert row["budget 0.3"].split()[2:6] == ["8.00", "MiB", "yes", "+10%"]
+    assert "6 regions: 4 default, 2 solved" in row["budget 0.3"]
+    assert "model.decoder.layers.0.self_attention; 6 regions: default" in row["budget 1, 1 ckpt"]
+    assert "2 blocks; 12 regions: 8 default, 4 solved" in row["budget 0.3, 2 ckpt"]
+    assert row["remat 0.4"].split()[-4:] == ["regions:", "remat", "chosen,", "knee"]
+    assert "forecast failed (see plan.candidates)" in row["remat 0.25"]
+    # the words used are explained, the CUDA note in words
+    assert "  default: torch's fastest choice of what to save" in text and "  remat: whole-graph" in text
+    assert "nothing to recompute" not in text
+    assert "Caveat (budget 1): the peak counts the bytes the step asks for" in text
+
+
+def test_the_candidates_table_fits_by_the_limit_and_wraps_a_long_phrase() -> None:
+    cands = (Candidate(budget=1.0, peak_bytes=2**20, cost=1e9, note="solver not called (budget_1)"),
+             Candidate(budget=0.4, peak_bytes=2**19, cost=1.1e9, note="solver called", solver="remat"),
+             Candidate(budget=1.0, checkpoint=("b.0",), note="not a plan: dynamo runs " + ", ".join(
+                 f"model.block_{i}" for i in range(12)) + " eagerly under checkpointing"))
+    plan = MemPlan(budget=0.4, solver="remat", candidates=cands, knee=1, chosen=1, baseline_bytes=2**20)
+    text = candidates_table(plan, limit_bytes=int(1.75 * 2**20))
+    _assert_readable(text)
+    lines = text.splitlines()
+    assert lines[2].split()[:5] == ["budget", "1", "1.00", "MiB", "no"]
+    assert lines[3].split()[:5] == ["remat", "0.4", "512.00", "KiB", "yes"]
+    assert lines[3].endswith("chosen, knee")
+    assert lines[4].startswith("budget 1, 1 ckpt") and " - " in lines[4] and "not a plan: dynamo runs" in lines[4]
+    assert lines[5].startswith(" " * 20) and "model.block_" in lines[5]  # the phrase goes on under itself
 
 
 def test_the_trade_off_names_both_ends_of_the_search() -> None:
