@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_memplan.callback import reporter
+from lightning_memplan.callback.batch_finder import find_batch_size
 from lightning_memplan.callback.compile_watch import CompileRecord
 from lightning_memplan.callback.controller import PlanController
 from lightning_memplan.callback.first_batch import held_returned
@@ -29,9 +30,11 @@ from lightning_memplan.callback.options import callback_options
 from lightning_memplan.callback.planned_forward import FitParts, PlannedForward
 from lightning_memplan.callback.strategy import max_over_ranks
 from lightning_memplan.callback.trainer_view import TrainerView
+from lightning_memplan.core.batch_search import BatchSizeChoice
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.batch_size import batch_attribute
 from lightning_memplan.planner.called_modules import CallWatch, ModuleCall, also_called
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
 from lightning_memplan.planner.given_plan import check_plan_blocks, check_plan_solver, resume_conflicts
@@ -138,6 +141,14 @@ class MemPlanCallback(Callback):
             ``shape_forecasts`` holds the forecasts, and each epoch's prediction is that of the
             shapes its measured batches ran. Not under FSDP or tensor parallelism, nor with
             several forward calls per step; ``False``: none.
+        batch_size: ``"max"``: before the first training step, the largest batch whose step has a plan
+            within the limit (``max_memory``, else on CUDA the device's memory), from forecasts at
+            candidate sizes that allocate nothing (:mod:`.batch_finder`); ``batch_arg_name`` is set
+            to it where ``BatchSizeFinder`` sets it and the train dataloader is built again. The plan
+            is then searched at that size. :attr:`batch_size` holds every size tried. ``None``
+            (default): the batch as the dataloader makes it.
+        batch_arg_name: the attribute that sets the batch size: on the LightningModule, its
+            ``hparams``, the datamodule or its ``hparams``, and read by the train dataloader.
 
     Logged metrics, each training epoch, to every logger of the Trainer (``step`` = global step):
 
@@ -189,13 +200,16 @@ class MemPlanCallback(Callback):
         forecast_new_shapes: bool = True,
         regional: bool | Literal["auto"] = "auto",
         search_time_limit: float | None = None,
+        batch_size: Literal["max"] | None = None,
+        batch_arg_name: str = "batch_size",
     ) -> None:
         self._options = callback_options(
             budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint, backend=backend,
             candidate_budgets=candidate_budgets, search_backend=search_backend, remat_budgets=remat_budgets,
             plan=plan, replan=replan, measure_batches=measure_batches, log_plots=log_plots,
             compile_kwargs=compile_kwargs, verbose=verbose, submodule=submodule,
-            forecast_new_shapes=forecast_new_shapes, regional=regional, search_time_limit=search_time_limit)
+            forecast_new_shapes=forecast_new_shapes, regional=regional, search_time_limit=search_time_limit,
+            batch_size=batch_size, batch_arg_name=batch_arg_name)
         #: the arguments as given (``backend="auto"`` unresolved); ``_options`` holds them for this fit's device
         self._given = self._options
         for note in self._options.notes:  # arguments the others override
@@ -210,6 +224,10 @@ class MemPlanCallback(Callback):
         #: (``forecast_new_shapes=False``).
         self.measured_shapes: list[list[tuple[Any, ...] | None]] = []
         self._restored_plan: MemPlan | None = None
+        #: ``batch_size="max"``: the search's sizes, plans, forecast totals and answer (``None`` before
+        #: ``fit`` starts, without the search, or on ranks other than 0).
+        self.batch_size: BatchSizeChoice | None = None
+        self._restored_batch: int | None = None
         self._fit = FitParts(TrainerView(None, None), measure_batches, self._options.verbose)
 
     # ------------------------------------------------------------------ results
@@ -279,10 +297,12 @@ class MemPlanCallback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"format": 1, "plan": self.plan.to_dict() if self.plan is not None else None}
+        found = self.batch_size.batch_size if self.batch_size is not None else None
+        return {"format": 1, "plan": self.plan.to_dict() if self.plan is not None else None, "batch_size": found}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored_batch = state_dict.get("batch_size")
         data = state_dict.get("plan")
         if not data:
             return
@@ -316,6 +336,7 @@ class MemPlanCallback(Callback):
         self._fit = FitParts(TrainerView(trainer, pl_module), self._measure_batches, self._options.verbose)
         self.measured, self.measured_shapes = [], []
         self._restored_plan = None  # a checkpoint's plan, if this fit resumes from one (load_state_dict, after setup)
+        self._restored_batch, self.batch_size = None, None
         submodule = self._options.submodule
         if submodule is None or has_submodule(pl_module, submodule):
             self._attach(pl_module, resolve_submodule(pl_module, submodule, "MemPlanCallback"))
@@ -327,11 +348,24 @@ class MemPlanCallback(Callback):
         it (``self.model = torch.compile(self.model)``); a bad ``submodule`` name fails here."""
         if self._fit.view.lit is None:
             return
+        if self._options.batch_size == "max":
+            self._fit.patch.detach()  # the search runs the module's own forward; attached again below
+            self._fit_batch_size(trainer, pl_module)
         resolved = resolve_submodule(pl_module, self._options.submodule, "MemPlanCallback")
         self._check_blocks(pl_module, resolved if self._options.submodule is not None else None)
         if resolved is not self._fit.patch.attached_to:
             self._fit.patch.detach()
             self._attach(pl_module, resolved)
+
+    def _fit_batch_size(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """``batch_size="max"``: the size a resumed checkpoint recorded, else the search's."""
+        o = self._options
+        if self._restored_batch is None:
+            self.batch_size = find_batch_size(trainer, pl_module, self._settings, o.batch_arg_name, o.submodule,
+                                              o.verbose)
+            return
+        batch_attribute(pl_module, trainer.datamodule, o.batch_arg_name, "MemPlanCallback").set(self._restored_batch)
+        trainer.fit_loop._combined_loader = None  # built again from the attribute
 
     def _check_blocks(self, pl_module: LightningModule, planned: torch.nn.Module | None) -> None:
         """Before training: the blocks a given plan checkpoints must be in the model (a ValueError);

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from lightning_memplan.plan import MemPlan
+from lightning_memplan.planner.batch_size import check_batch_args
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
 from lightning_memplan.planner.given_plan import check_plan_solver, ignored_beside_plan
 from lightning_memplan.planner.regional import RegionalFlag
@@ -34,6 +35,10 @@ class CallbackOptions:
     verbose: bool
     submodule: str | None
     forecast_new_shapes: bool
+    #: ``"max"``: search the largest batch that fits before the first step (``None``: the batch as it is)
+    batch_size: Literal["max"] | None = None
+    #: the attribute that sets the batch size (the module's, its hparams', the datamodule's)
+    batch_arg_name: str = "batch_size"
     #: what the arguments override of each other, in words (warned when the callback is made)
     notes: tuple[str, ...] = ()
 
@@ -48,10 +53,12 @@ def callback_options(
     remat_budgets: Sequence[float], plan: MemPlan | str | Path | None, replan: bool, measure_batches: int,
     log_plots: bool, compile_kwargs: dict[str, Any] | None, verbose: bool, submodule: str | None,
     forecast_new_shapes: bool, regional: RegionalFlag, search_time_limit: float | None,
+    batch_size: str | None = None, batch_arg_name: str = "batch_size",
 ) -> CallbackOptions:
     """Validate ``MemPlanCallback``'s arguments; raises ``ValueError`` naming the bad one."""
     call = "MemPlanCallback"
     check_submodule(submodule, call)
+    searches_batch = check_batch_args(call, batch_size, batch_arg_name)
     settings = PlanSettings.from_args(
         call, budget=budget, max_memory=max_memory, solver=solver, checkpoint=checkpoint, backend=backend,
         candidate_budgets=candidate_budgets, search_backend=search_backend, remat_budgets=remat_budgets,
@@ -83,9 +90,11 @@ def callback_options(
             "solver": (solver, solver if custom else "dp"),
             "checkpoint": (checkpoint, "auto"), "candidate_budgets": (candidate_budgets, DEFAULT_BUDGETS),
             "remat_budgets": (remat_budgets, DEFAULT_REMAT_BUDGETS), "regional": (regional, "auto"),
-            "search_time_limit": (search_time_limit, None)})
+            "search_time_limit": (search_time_limit, None), "batch_size": (batch_size, None)})
         notes += [ignored] if ignored else []
     return CallbackOptions(settings=settings, user_plan=user_plan, replan=bool(replan),
                            measure_batches=measure_batches, log_plots=bool(log_plots),
                            compile_kwargs=dict(compile_kwargs or {}), verbose=bool(verbose), submodule=submodule,
-                           forecast_new_shapes=forecast_new_shapes, notes=tuple(notes))
+                           forecast_new_shapes=forecast_new_shapes, notes=tuple(notes),
+                           batch_size="max" if searches_batch and user_plan is None else None,
+                           batch_arg_name=batch_arg_name)

@@ -9,6 +9,7 @@ step's memory does not shrink as its batch grows, so once a size does not fit, n
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,6 +51,8 @@ class BatchSizeChoice:
     limit_source: str
     #: How the search ended, in words.
     reason: str = ""
+    #: Wall time of the search, trials included (seconds); ``None`` when not timed.
+    seconds: float | None = None
 
     @property
     def chosen(self) -> BatchTrial | None:
@@ -65,7 +68,8 @@ class BatchSizeChoice:
             extra = f"{100 * t.extra_compute:+.0f}%" if t.extra_compute is not None else "-"
             plan = (t.plan or t.note)[:38]
             lines.append(f"{t.batch_size:>7}  {plan:<38} {total:>11} {extra:>13}  {'yes' if t.fits else 'no'}")
-        lines.append(f"limit {format_bytes(self.limit_bytes)} ({self.limit_source}); {self.reason}")
+        took = f" ({len(self.trials)} trials in {self.seconds:.1f} s)" if self.seconds is not None else ""
+        lines.append(f"limit {format_bytes(self.limit_bytes)} ({self.limit_source}); {self.reason}{took}")
         return "\n".join(lines)
 
 
@@ -82,6 +86,7 @@ def largest_fitting(trial: Callable[[int], BatchTrial], *, start: int, limit_byt
             raise ValueError(f"`largest_fitting({name}={value!r})` must be an int >= 1.")
     if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1):
         raise ValueError(f"`largest_fitting(max_size={max_size!r})` must be an int >= 1 or None.")
+    t0 = time.perf_counter()
     top = max_size if max_size is not None else None
     start = min(start, top) if top is not None else start
     seen: dict[int, BatchTrial] = {}
@@ -93,7 +98,7 @@ def largest_fitting(trial: Callable[[int], BatchTrial], *, start: int, limit_byt
 
     def done(size: int | None, reason: str) -> BatchSizeChoice:
         return BatchSizeChoice(batch_size=size, trials=tuple(seen.values()), limit_bytes=limit_bytes,
-                               limit_source=limit_source, reason=reason)
+                               limit_source=limit_source, reason=reason, seconds=time.perf_counter() - t0)
 
     # bracket: good fits, bad does not (None: not found yet)
     good: int | None

@@ -1184,3 +1184,57 @@ def test_auto_fits_the_device_limit_when_the_device_has_one(tmp_path: Path, monk
     knee = MemPlanCallback("knee", backend="aot_eager", log_plots=False, checkpoint=None)
     _trainer(tmp_path, knee, epochs=1).fit(TinyNet(width=64, batch=256, batches=3))
     assert "within" not in knee.plan.reason and "knee" in knee.plan.reason
+
+
+class _Batched(TinyNet):
+    """TinyNet whose train dataloader reads ``self.batch_size`` (as BatchSizeFinder expects)."""
+
+    def __init__(self, batch_size: int = 32, rows: int = 8192, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.batch_size, self._rows = batch_size, rows
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        x = torch.randn(self._rows, self._width, generator=torch.Generator().manual_seed(0))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :1].clone()),
+                                           batch_size=self.batch_size)
+
+
+def test_batch_size_max_trains_at_the_largest_batch_that_fits_and_stays_under_the_limit(tmp_path: Path) -> None:
+    limit = 20 * 2**20
+    cb = MemPlanCallback(max_memory=limit, batch_size="max", backend="aot_eager", log_plots=False, verbose=False)
+    model = _Batched(width=256, depth=3)
+    trainer = _trainer(tmp_path, cb, epochs=1, limit_train_batches=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model)
+    ours = [str(w.message) for w in caught if issubclass(w.category, MemPlanWarning)]
+    assert not ours, ours  # the search ran the module's own forward: no plan was installed meanwhile
+    found = cb.batch_size
+    assert found is not None and found.batch_size == model.batch_size > 32
+    sizes = {t.batch_size: t.fits for t in found.trials}
+    assert all(fits == (b <= found.batch_size) for b, fits in sizes.items()) and max(sizes) > found.batch_size
+    assert trainer.train_dataloader.batch_size == found.batch_size  # the dataloader was built again
+    assert cb.fallback_reason is None and cb.planned_signature is not None
+    assert cb.plan.baseline_bytes + max(cb.measured[0]) <= limit  # measured at that batch, under the limit
+    assert trainer.callbacks[0].state_dict()["batch_size"] == found.batch_size
+
+
+def test_batch_size_max_says_what_it_cannot_search(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"`MemPlanCallback\(batch_size='large'\)` is not valid\. Expected 'max'"):
+        MemPlanCallback(batch_size="large")  # type: ignore[arg-type]
+    cb = MemPlanCallback(batch_size="max", backend="aot_eager")
+    with pytest.raises(ValueError, match=r"needs a memory limit to fit: on cpu there is no device limit"):
+        _trainer(tmp_path, cb, epochs=1).fit(_Batched())
+    cb = MemPlanCallback(batch_size="max", batch_arg_name="bs", max_memory="1GiB", backend="aot_eager")
+    with pytest.raises(ValueError, match=r"batch_arg_name='bs'\)`: no attribute 'bs' in the model, its hparams"):
+        _trainer(tmp_path, cb, epochs=1).fit(_Batched())
+    cb = MemPlanCallback(batch_size="max", max_memory="1GiB", backend="aot_eager")
+    with pytest.raises(ValueError, match=r"the train dataloader was passed to `fit` as it is"):
+        _trainer(tmp_path, cb, epochs=1).fit(_Batched(), train_dataloaders=_Batched().train_dataloader())
+    # a limit below the smallest batch's smallest plan: a warning, and training goes on at the batch as it is
+    cb = MemPlanCallback(batch_size="max", max_memory="64KiB", backend="aot_eager", log_plots=False)
+    model = _Batched(batch_size=4, rows=64)
+    with pytest.warns(MemPlanWarning, match=r"batch_size='max'\): no batch size fits: not even batch 1 fits; "
+                                            r"training at batch_size=4 as it is"):
+        _trainer(tmp_path, cb, epochs=1).fit(model)
+    assert model.batch_size == 4 and cb.batch_size is not None and cb.batch_size.batch_size is None

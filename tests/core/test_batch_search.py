@@ -38,6 +38,7 @@ def test_max_size_caps_the_batch_and_max_trials_caps_the_search() -> None:
     assert nothing.batch_size is None and nothing.chosen is None and "not even batch 1 fits" in nothing.reason
     table = nothing.table()
     assert max(len(line) for line in table.splitlines()) <= 100 and "limit 9.77 KiB (t)" in table
+    assert nothing.seconds is not None and f"({len(nothing.trials)} trials in " in table.splitlines()[-1]
 
 
 def test_bad_arguments_name_themselves() -> None:
