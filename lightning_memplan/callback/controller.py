@@ -131,6 +131,11 @@ class PlanController:
         size = format_bytes(self._s.max_memory)
         return f"max_memory {size}" if name == "max_memory" else f"{size} ({name})"
 
+    @property
+    def in_force(self) -> bool:
+        """Whether a plan was installed and the callback has not fallen back since."""
+        return self.plan is not None and self.fallback_reason is None
+
     def may_replan(self) -> bool:
         """Whether the closed loop may still re-plan (it needs the first batch's inputs)."""
         return self._o.replan and self._s.max_memory is not None and not self._replanned

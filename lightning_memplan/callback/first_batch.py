@@ -134,6 +134,22 @@ class FirstBatchProfile:
         outputs, self._outputs = self._outputs, None
         return outputs
 
+    def backward_starts(self, *, first: bool) -> EagerCalls | None:
+        """A backward starts: the window on the eager code after the last noted call ends here (a
+        backward pass of the first batch when ``first``). Returns the noted calls, for a
+        measurement (:meth:`take_calls`)."""
+        self.close_window()
+        if first:
+            self.backwards += 1
+        return self.take_calls()
+
+    def can_measure(self, outputs: EagerCalls | None, loss: Any) -> bool:
+        """Whether the eager code between the noted calls (``outputs``) and the backward of ``loss``
+        can be measured: every call of the step was noted (as many as the first batch's), at least
+        one of them links to autograd, and ``loss`` is a tensor with an autograd graph."""
+        return (outputs is not None and len(outputs.calls) == self.calls and any(o.edges for o in outputs.calls)
+                and isinstance(loss, torch.Tensor) and loss.grad_fn is not None)
+
     def finish(self, outputs: Any, module: nn.Module | None) -> None:
         """The first batch ended, ``training_step`` having returned ``outputs``: the storages live
         before a step and the inputs training_step made are known now."""

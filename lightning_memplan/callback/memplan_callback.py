@@ -2,12 +2,10 @@
 with a memory plan for the fit, can choose the plan on the first batch, and reports predicted vs
 measured peak memory every epoch to the Trainer's loggers.
 
-The class is configuration plus Lightning hooks of a few lines. Each fit gets fresh parts, built
-in ``setup``: the forward patch (:mod:`.forward_patch`), the first-batch profile
-(:mod:`.first_batch`), the shape tracker (:mod:`.shapes`), the recompile watch
-(:mod:`.recompiles`), the peak meter (:mod:`.peak_meter`) and the plan controller
-(:mod:`.controller`); the reporter (:mod:`.reporter`) turns their results into metrics, text
-and pictures.
+The class is configuration plus Lightning hooks of a few lines: each fit gets fresh parts, built
+in ``setup`` (:mod:`.fit_parts`), which the hooks feed; the checkpoint state is
+:mod:`.checkpoint_state`'s, and the reporter (:mod:`.reporter`) turns the results into metrics,
+text and pictures.
 """
 from __future__ import annotations
 
@@ -23,21 +21,16 @@ from typing_extensions import override
 
 from lightning_memplan.callback import reporter
 from lightning_memplan.callback.batch_finder import find_batch_size
+from lightning_memplan.callback.checkpoint_state import RestoredState, saved_state
 from lightning_memplan.callback.compile_watch import CompileRecord
-from lightning_memplan.callback.controller import PlanController
-from lightning_memplan.callback.first_batch import held_returned
+from lightning_memplan.callback.fit_parts import FitParts
 from lightning_memplan.callback.options import callback_options
-from lightning_memplan.callback.planned_forward import FitParts, PlannedForward
-from lightning_memplan.callback.strategy import max_over_ranks
 from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.core.batch_search import BatchSizeChoice
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.forecasting.result import Forecast
 from lightning_memplan.plan import MemPlan
-from lightning_memplan.planner.batch_size import batch_attribute
-from lightning_memplan.planner.called_modules import CallWatch, ModuleCall, also_called
 from lightning_memplan.planner.checkpointing import CheckpointPolicy
-from lightning_memplan.planner.given_plan import check_plan_blocks, check_plan_solver, resume_conflicts
 from lightning_memplan.planner.messages import MemPlanWarning
 from lightning_memplan.planner.search import DEFAULT_BUDGETS, DEFAULT_REMAT_BUDGETS
 from lightning_memplan.planner.settings import has_submodule, resolve_submodule
@@ -223,12 +216,11 @@ class MemPlanCallback(Callback):
         #: batch's first training call of the planned forward; ``None`` where it was not noted
         #: (``forecast_new_shapes=False``).
         self.measured_shapes: list[list[tuple[Any, ...] | None]] = []
-        self._restored_plan: MemPlan | None = None
         #: ``batch_size="max"``: the search's sizes, plans, forecast totals and answer (``None`` before
         #: ``fit`` starts, without the search, or on ranks other than 0).
         self.batch_size: BatchSizeChoice | None = None
-        self._restored_batch: int | None = None
-        self._fit = FitParts(TrainerView(None, None), measure_batches, self._options.verbose)
+        self._restored = RestoredState()  # what a checkpoint gave back, if this fit resumes from one
+        self._fit = FitParts(TrainerView(None, None), self._options, lambda: self._restored.plan)
 
     # ------------------------------------------------------------------ results
     @property
@@ -297,27 +289,11 @@ class MemPlanCallback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        found = self.batch_size.batch_size if self.batch_size is not None else None
-        return {"format": 1, "plan": self.plan.to_dict() if self.plan is not None else None, "batch_size": found}
+        return saved_state(self.plan, self.batch_size)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored_batch = state_dict.get("batch_size")
-        data = state_dict.get("plan")
-        if not data:
-            return
-        source = "the checkpoint's MemPlanCallback state"
-        plan = MemPlan.from_dict(data, source=source)
-        try:
-            check_plan_solver(plan, self._settings.solver, source)
-        except ValueError as exc:
-            warnings.warn(f"MemPlanCallback: {exc} Planning afresh instead.", MemPlanWarning, stacklevel=2)
-            return
-        s = self._settings
-        for message in resume_conflicts("MemPlanCallback", plan, user_plan=self._options.user_plan, budget=s.budget,
-                                        solver_name=s.solver_name, max_memory=s.max_memory):
-            warnings.warn(message, MemPlanWarning, stacklevel=2)
-        self._restored_plan = plan
+        self._restored.load(state_dict, self._options)
 
     # ------------------------------------------------------------------ fit set-up and tear-down
     @override
@@ -333,222 +309,80 @@ class MemPlanCallback(Callback):
             rank_zero_info(f"MemPlan: compiling with backend {self._settings.backend!r} on "
                            f"{trainer.strategy.root_device.type} (backend='auto': 'inductor' on CUDA, 'aot_eager' "
                            "elsewhere; pass backend='inductor' for inductor's kernels).")
-        self._fit = FitParts(TrainerView(trainer, pl_module), self._measure_batches, self._options.verbose)
+        self._fit = FitParts(TrainerView(trainer, pl_module), self._options, lambda: self._restored.plan)
         self.measured, self.measured_shapes = [], []
-        self._restored_plan = None  # a checkpoint's plan, if this fit resumes from one (load_state_dict, after setup)
-        self._restored_batch, self.batch_size = None, None
+        self._restored, self.batch_size = RestoredState(), None  # load_state_dict, after setup, fills it
         submodule = self._options.submodule
         if submodule is None or has_submodule(pl_module, submodule):
-            self._attach(pl_module, resolve_submodule(pl_module, submodule, "MemPlanCallback"))
+            self._fit.attach(resolve_submodule(pl_module, submodule, "MemPlanCallback"))
         # else configure_model makes it (it runs after setup): attached at on_fit_start
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Attach to the planned submodule if ``configure_model`` made it, or again if it replaced
-        it (``self.model = torch.compile(self.model)``); a bad ``submodule`` name fails here."""
-        if self._fit.view.lit is None:
+        """``batch_size="max"``: the batch size (a resumed checkpoint's, else searched). Attach to the
+        planned submodule if ``configure_model`` made it, or again if it replaced it
+        (``self.model = torch.compile(self.model)``); a bad ``submodule`` name fails here."""
+        o, fit = self._options, self._fit
+        if fit.view.lit is None:
             return
-        if self._options.batch_size == "max":
-            self._fit.patch.detach()  # the search runs the module's own forward; attached again below
-            self._fit_batch_size(trainer, pl_module)
-        resolved = resolve_submodule(pl_module, self._options.submodule, "MemPlanCallback")
-        self._check_blocks(pl_module, resolved if self._options.submodule is not None else None)
-        if resolved is not self._fit.patch.attached_to:
-            self._fit.patch.detach()
-            self._attach(pl_module, resolved)
+        if o.batch_size == "max":
+            fit.patch.detach()  # the search runs the module's own forward; attached again below
+            self._train_at_largest_batch(trainer, pl_module)
+        resolved = resolve_submodule(pl_module, o.submodule, "MemPlanCallback")
+        self._restored.check_blocks(pl_module, resolved if o.submodule is not None else None, o.user_plan)
+        if resolved is not fit.patch.attached_to:
+            fit.attach(resolved)
 
-    def _fit_batch_size(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def _train_at_largest_batch(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """``batch_size="max"``: the size a resumed checkpoint recorded, else the search's."""
         o = self._options
-        if self._restored_batch is None:
+        if self._restored.batch_size is not None:
+            self._restored.set_batch_size(trainer, pl_module, o.batch_arg_name)
+        else:
             self.batch_size = find_batch_size(trainer, pl_module, self._settings, o.batch_arg_name, o.submodule,
                                               o.verbose)
-            return
-        batch_attribute(pl_module, trainer.datamodule, o.batch_arg_name, "MemPlanCallback").set(self._restored_batch)
-        trainer.fit_loop._combined_loader = None  # built again from the attribute
-
-    def _check_blocks(self, pl_module: LightningModule, planned: torch.nn.Module | None) -> None:
-        """Before training: the blocks a given plan checkpoints must be in the model (a ValueError);
-        a checkpoint's plan whose blocks are gone (the model changed) is dropped with a warning."""
-        user = self._options.user_plan
-        if user is not None:
-            check_plan_blocks(user, pl_module, "`MemPlanCallback(plan=...)`", planned=planned)
-        elif self._restored_plan is not None:
-            try:
-                check_plan_blocks(self._restored_plan, pl_module, "the checkpoint's plan", planned=planned)
-            except ValueError as exc:
-                warnings.warn(f"MemPlanCallback: {exc} Planning afresh instead.", MemPlanWarning, stacklevel=3)
-                self._restored_plan = None
-
-    def _attach(self, pl_module: LightningModule, resolved: torch.nn.Module) -> None:
-        fit = self._fit
-        fit.patch.attach(pl_module, resolved, PlannedForward(fit, self._options.forecast_new_shapes),
-                         backend=self._settings.backend)
-        assert fit.patch.module is not None and fit.patch.original is not None
-        fit.view.module = fit.patch.module
-        fit.plans = PlanController(self._options, fit.view, module=fit.patch.module, forward=fit.patch.original,
-                                   profile=fit.profile, shapes=fit.shapes, watch=fit.watch, progress=fit.progress,
-                                   restored=lambda: self._restored_plan)
-
-    def _plan_called(self, pl_module: LightningModule, call: ModuleCall) -> Callable[..., Any] | None:
-        """``training_step``'s first call of a module with trainable parameters, outside ``self(...)``
-        (no ``submodule`` given): that module is planned from this call on, as ``submodule=`` plans
-        it; returns its planned forward. ``None`` (it runs as written) outside training."""
-        fit = self._fit
-        if not (fit.view.training() and torch.is_grad_enabled()):
-            return None
-        try:
-            module = resolve_submodule(pl_module, call.path, "MemPlanCallback")
-        except ValueError:  # a path get_submodule does not take: it runs as written
-            return None
-        fit.patch.detach()
-        self._attach(pl_module, module)
-        assert fit.plans is not None and fit.patch.module is not None
-        fit.plans.planned = (f"`{call.path}` ({call.kind}): the first module with trainable parameters "
-                             "training_step called")
-        return fit.patch.module.forward
-
-    def _end_watch(self) -> None:
-        """The first batch ended: stop watching module calls; name the modules called outside the plan."""
-        watch, self._fit.calls = self._fit.calls, None
-        if watch is None:
-            return
-        watch.close()
-        said = also_called(watch.chosen, watch.calls) if watch.chosen is not None else None
-        if said is not None and said[1]:
-            warnings.warn(f"MemPlanCallback: {said[0]}", MemPlanWarning, stacklevel=3)
-        elif said is not None and self._options.verbose:
-            rank_zero_info(f"MemPlan: {said[0]}")
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
-            self._restore()
+            self._fit.close()
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._fit.meter.close()
-        self._fit.profile.close_window()
-        self._restore()
-
-    def _restore(self) -> None:
-        if self._fit.calls is not None:
-            self._fit.calls.close()
-            self._fit.calls = None
-        self._fit.patch.detach()
-        if self._fit.plans is not None:
-            self._fit.plans.close()
-        self._fit.view.lit = None
+        self._fit.close(failed=True)
 
     # ------------------------------------------------------------------ each batch
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Count the batch; measure it (a peak window) if the epoch still measures batches. On CPU
         each run of measured batches starts with a warm-up window (see :mod:`.peak_meter`)."""
-        fit = self._fit
-        fit.progress.start_batch()
-        if fit.progress.first and self._options.submodule is None and fit.plans is not None:
-            # training_step may call self.model(...) rather than self(...): plan what it calls
-            fit.calls = CallWatch(pl_module, lambda call, _: self._plan_called(pl_module, call)).open()
-        profiled = fit.meter.wants_batch()
-        if fit.shapes.start_batch(batch, track=self._options.forecast_new_shapes, later=fit.progress.later,
-                                  profiled=profiled, measured_eager=bool(fit.profile.eager_losses)):
-            return  # it measures the eager code at new shapes instead
-        if fit.progress.first:
-            fit.profile.batch = batch
-            return
-        if profiled and fit.plans is not None:
-            fit.meter.open(fit.view.device(), fit.plans.baseline_shift())
+        self._fit.start_batch(batch)
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         """First batch (or a batch of new shapes): measure the eager code between the forward's
         calls and the backward (the loss on the outputs, metrics)."""
-        fit, plans, profile = self._fit, self._fit.plans, self._fit.profile
-        profile.close_window()
-        if fit.progress.first:
-            profile.backwards += 1
-        outputs = profile.take_calls()
-        shape = fit.shapes.noting  # a batch of new input shapes, else the first
-        if (plans is None or outputs is None or (not fit.progress.first and shape is None) or plans.plan is None
-                or plans.fallback_reason is not None or len(outputs.calls) != profile.calls
-                or not any(o.edges for o in outputs.calls) or not isinstance(loss, torch.Tensor)
-                or loss.grad_fn is None):
-            return
-        module = fit.patch.module
-        assert module is not None
-        # which parameters get no gradient: with automatic optimization this backward is the step's
-        # only one (under FSDP2 the graph holds the unsharded parameters, not the module's)
-        if shape is None and not plans.fsdp2 and plans.loop().automatic_optimization:
-            profile.reached = profile.parameters_reached(loss, outputs, plans.forecast)
-            profile.warn_eager_forward(module, loss, profile.reached, outputs, plans.forecast)
-        losses = profile.measure(loss, outputs, lit=pl_module, module=module,
-                                 batch=profile.batch if shape is None else fit.shapes.batch,
-                                 device=fit.view.device(), fsdp2=plans.fsdp2, at_shape=shape is not None)
-        if losses is not None and shape is None:
-            profile.eager_losses = losses
-        elif losses is not None:
-            fit.shapes.eager[shape] = losses
+        self._fit.before_backward(loss)
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         """First batch: the step it showed judges the plan again and lays out its forecast. Every
         batch: report new graphs, forecast new shapes, keep the measured peak (the closed loop)."""
-        fit, plans = self._fit, self._fit.plans
-        if plans is None:
-            return
-        if fit.progress.first:
-            called = fit.calls.calls if fit.calls is not None else []
-            self._end_watch()
-            plans = fit.plans  # the module training_step called may be planned now
-            assert plans is not None
-            plans.end_first_batch(outputs, self._options.submodule, called)
-        seen = len(fit.watch.recompiles)
-        fit.watch.check(fit.progress.batches)
-        sig, call, noted = fit.shapes.batch_sig, fit.shapes.batch_call, fit.shapes.noting
-        if noted is not None:  # its eager code was measured (the first batch's is handled above)
-            fit.profile.close_window()
-            fit.profile.drop_calls()
-            fit.shapes.noting = None
-            if noted in fit.shapes.eager:
-                fit.shapes.eager[noted] = held_returned(fit.shapes.eager[noted], outputs)
-        fit.shapes.batch = fit.shapes.batch_call = None
-        if sig is not None and any(not r.dynamic for r in fit.watch.recompiles[seen:]):
-            fit.shapes.compiled.add(sig)
-        peak = fit.meter.close()
-        larger = call is not None and call.in_bytes > fit.shapes.forecast_input_bytes
-        if call is not None and sig is not None and (noted == sig or fit.meter.would_keep(peak) or larger):
-            plans.forecast_shapes(sig, call)  # after the window: its compile is not measured
-        kept = fit.meter.finish_batch(peak, sig)
-        if kept is not None:
-            plans.measured(kept)
+        self._fit.end_batch(outputs)
 
     # ------------------------------------------------------------------ each epoch
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Log the epoch's ``memplan/*`` metrics to every logger; print a line; draw the timeline once."""
-        fit = self._fit
-        peaks, sigs = fit.meter.end_epoch()
-        self.measured.append(peaks)
-        self.measured_shapes.append(sigs)
-        measured = max_over_ranks(trainer.strategy, max(peaks) if peaks else None)
-        plan = self.plan
-        predicted, complete = fit.shapes.epoch_prediction(plan, sigs)
-        if self._options.forecast_new_shapes and getattr(trainer.strategy, "world_size", 1) > 1:
-            # each rank measured its own batches' shapes: the largest of their forecasts (every rank calls)
-            predicted = max_over_ranks(trainer.strategy, predicted)
-            complete = max_over_ranks(trainer.strategy, 0 if complete else 1) == 0
-        metrics = reporter.epoch_metrics(plan, predicted, complete, measured)
+        epoch = self._fit.end_epoch(trainer.strategy)
+        self.measured.append(epoch.peaks)
+        self.measured_shapes.append(epoch.signatures)
+        metrics = reporter.epoch_metrics(self.plan, epoch.predicted, epoch.complete, epoch.measured)
         if metrics:  # with the epoch, as Lightning's own rows have it (metrics.csv's `epoch` column)
             for logger in trainer.loggers:
                 logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step)
         if self._options.verbose:
-            other = {sig for sig in sigs if sig is not None and sig != fit.shapes.planned}
-            rank_zero_info(reporter.epoch_line(trainer.current_epoch, metrics, len(other)))
-        # the timeline is the planned shapes' forecast: drawn with the batches of those shapes
-        planned = [p for p, sig in zip(peaks, sigs) if sig is None or sig == fit.shapes.planned]
-        at_planned = measured if len(planned) == len(peaks) else max(planned, default=None)
-        if self._options.log_plots and not fit.timeline_plotted and at_planned is not None and fit.plans is not None:
-            fit.timeline_plotted = True
-            reporter.plot_timeline(trainer, self.forecast, plan, fit.plans.loop(), at_planned)
+            rank_zero_info(reporter.epoch_line(trainer.current_epoch, metrics, epoch.other_shapes))
+        if self._options.log_plots:
+            self._fit.plot_timeline_once(trainer, epoch)

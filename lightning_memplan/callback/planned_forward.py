@@ -1,51 +1,16 @@
-"""The parts of one fit, and the planned forward: what runs at every call of the planned module's
-``forward`` while the callback is attached (dispatch only: the parts do the work)."""
+"""The planned forward: what runs at every call of the planned module's ``forward`` while the
+callback is attached (dispatch only: the parts of the fit, :mod:`.fit_parts`, do the work)."""
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from lightning_memplan.callback.controller import PlanController
-from lightning_memplan.callback.first_batch import FirstBatchProfile
-from lightning_memplan.callback.forward_patch import ForwardPatch
-from lightning_memplan.callback.peak_meter import PeakMeter
-from lightning_memplan.callback.phase import FitProgress
-from lightning_memplan.callback.recompiles import RecompileWatch
-from lightning_memplan.callback.shapes import ShapeTracker
-from lightning_memplan.callback.trainer_view import TrainerView
-from lightning_memplan.planner.called_modules import CallWatch
 from lightning_memplan.planner.step_model import call_signature, input_storages
 
-__all__ = ["FitParts", "PlannedForward"]
+if TYPE_CHECKING:
+    from lightning_memplan.callback.fit_parts import FitParts
 
-
-@dataclasses.dataclass
-class FitParts:
-    """The parts of one fit, built fresh in the callback's ``setup``; ``plans`` once attached."""
-
-    view: TrainerView
-    measure_batches: int
-    verbose: bool
-    progress: FitProgress = dataclasses.field(default_factory=FitProgress)
-    patch: ForwardPatch = dataclasses.field(default_factory=ForwardPatch)
-    profile: FirstBatchProfile = dataclasses.field(default_factory=FirstBatchProfile)
-    shapes: ShapeTracker = dataclasses.field(default_factory=ShapeTracker)
-    plans: PlanController | None = None
-    timeline_plotted: bool = False
-    #: The first batch's watch of the modules training_step calls (``submodule`` not given).
-    calls: CallWatch | None = None
-
-    def __post_init__(self) -> None:
-        self.watch = RecompileWatch(verbose=self.verbose)
-        self.meter = PeakMeter(self.measure_batches)
-
-    @property
-    def planned(self) -> str:
-        """Which module is planned and why (the plan table's first row)."""
-        return self.plans.planned if self.plans is not None else "nothing yet"
+__all__ = ["PlannedForward"]
 
 
 class PlannedForward:
@@ -61,11 +26,10 @@ class PlannedForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fit, plans = self._fit, self._fit.plans
         assert plans is not None and fit.patch.original is not None
-        training = fit.view.training() and torch.is_grad_enabled()
+        training = fit.view.training_call()
         first, later = fit.progress.first, fit.progress.later
         if first and training:
-            if fit.calls is not None and fit.calls.chosen is None:
-                fit.calls.close()  # training_step called self(...): the LightningModule is planned
+            fit.calls.lightning_module_called()
             fit.profile.note_call(args, kwargs)
         if plans.plan is None and plans.fallback_reason is None and training:
             plans.activate(args, kwargs)

@@ -38,13 +38,14 @@ class RecompileWatch:
         self._seen = len(self.backend.compiles)
         return self.backend.compiles[0]
 
-    def check(self, batch: int) -> None:
+    def check(self, batch: int) -> list[CompileRecord]:
         """Report the graphs compiled for training since the last look: a line per new graph (rank
         zero); a warning for a dynamic-shape graph (it replaces the planned one) and once when the
-        inputs keep changing shape. ``batch``: the fit's batch number, for messages."""
+        inputs keep changing shape. ``batch``: the fit's batch number, for messages. Returns the
+        new graphs (those appended to :attr:`recompiles`)."""
         backend = self.backend
         if backend is None or len(backend.compiles) <= self._seen:
-            return
+            return []
         new = [r for r in backend.compiles[self._seen:] if r.training]
         self._seen = len(backend.compiles)
         planned = describe_shapes(self.planned_shapes or ())
@@ -59,7 +60,7 @@ class RecompileWatch:
                     f"at the sizes of that batch, not at the planned {planned}: the plan and its forecast no "
                     "longer hold (memplan/measured_peak_bytes will show it). Leave `dynamic` out of "
                     "compile_kwargs (the callback compiles with dynamic=False), or drop the incomplete last "
-                    "batch (DataLoader(drop_last=True)).", MemPlanWarning, stacklevel=3)
+                    "batch (DataLoader(drop_last=True)).", MemPlanWarning, stacklevel=4)
             elif self._verbose:
                 rank_zero_info(f"MemPlan: batch {batch}: the forward was compiled again, with the "
                                f"plan, for inputs {describe_shapes(record.input_shapes)} (forecast: {planned})")
@@ -73,4 +74,5 @@ class RecompileWatch:
                 f"forecast_new_shapes, a forecast of its own), until dynamo's recompile_limit ({limit}); after "
                 "that new shapes run uncompiled, without the plan or a forecast. Pad inputs of varying length "
                 "to a few fixed lengths (buckets), or raise torch._dynamo.config.recompile_limit to their "
-                "number.", MemPlanWarning, stacklevel=3)
+                "number.", MemPlanWarning, stacklevel=4)
+        return new

@@ -11,11 +11,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from lightning_memplan.callback.first_batch import held_returned
 from lightning_memplan.forecasting.eager_loss import EagerLoss, scaled_eager_loss
 from lightning_memplan.plan import MemPlan
 from lightning_memplan.planner.step_model import call_signature, input_storages, made_input_bytes, storage_keys
 
-__all__ = ["ShapeCall", "ShapeTracker"]
+__all__ = ["BatchShapes", "ShapeCall", "ShapeTracker"]
 
 Signature = tuple[Any, ...]
 
@@ -33,6 +34,18 @@ class ShapeCall:
     made_bytes: int
     #: Bytes of its tensor inputs (unique storages).
     in_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShapes:
+    """What a training batch ran, against the forecasts (:meth:`ShapeTracker.end_batch`)."""
+
+    #: The input shapes of its first training call of the planned forward (``None``: not noted).
+    signature: Signature | None
+    #: That call, kept when its shapes had no forecast yet (``None`` otherwise).
+    call: ShapeCall | None
+    #: The shapes whose eager code the batch measured (``None``: it measured none).
+    noted: Signature | None
 
 
 class ShapeTracker:
@@ -103,6 +116,28 @@ class ShapeTracker:
             self.batch_call = ShapeCall(args=tuple(args), kwargs=dict(kwargs),
                                         out_bytes=sum(input_storages((out,), {}).values()), made_bytes=made,
                                         in_bytes=sum(inputs.values()))
+
+    def end_batch(self, outputs: Any, *, new_static_graph: bool) -> BatchShapes:
+        """The batch ended (``training_step`` returned ``outputs``; ``new_static_graph``: dynamo
+        compiled a static graph for it): what it ran. The eager code it measured keeps what the
+        outputs hold (``held_returned``); the tracker is ready for the next batch."""
+        ran = BatchShapes(self.batch_sig, self.batch_call, self.noting)
+        if ran.noted is not None:
+            self.noting = None
+            if ran.noted in self.eager:
+                self.eager[ran.noted] = held_returned(self.eager[ran.noted], outputs)
+        self.batch = self.batch_call = None
+        if ran.signature is not None and new_static_graph:
+            self.compiled.add(ran.signature)
+        return ran
+
+    def wants_forecast(self, ran: BatchShapes, *, measured: bool) -> bool:
+        """Whether a step at the shapes a batch ran (``ran``) is forecast now: shapes with no
+        forecast yet, and the batch measured the eager code at them, was measured (``measured``:
+        its peak is kept), or had inputs larger than any forecast so far."""
+        call = ran.call
+        return (call is not None and ran.signature is not None
+                and (ran.noted == ran.signature or measured or call.in_bytes > self.forecast_input_bytes))
 
     def eager_at(self, sig: Signature, out_bytes: int, planned: tuple[EagerLoss, ...],
                  planned_out_bytes: int) -> tuple[EagerLoss, ...]:

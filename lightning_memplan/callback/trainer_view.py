@@ -40,6 +40,11 @@ class TrainerView:
             return bool(self.trainer.training)
         return self.module is not None and self.module.training
 
+    def training_call(self) -> bool:
+        """Whether a forward called now belongs to a training step: the Trainer trains and
+        autograd records (not a validation step, nor a call under ``torch.no_grad()``)."""
+        return self.training() and torch.is_grad_enabled()
+
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return list(getattr(self.trainer, "optimizers", []) or []) if self.trainer is not None else []
 

@@ -11,7 +11,10 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_memplan.callback.called_module import FirstBatchCalls
+from lightning_memplan.callback.checkpoint_state import RestoredState, saved_state
 from lightning_memplan.callback.compile_watch import CompileRecord
+from lightning_memplan.callback.epoch_result import end_epoch
 from lightning_memplan.callback.first_batch import FirstBatchProfile, held_returned
 from lightning_memplan.callback.forward_patch import ForwardPatch
 from lightning_memplan.callback.options import callback_options
@@ -19,7 +22,7 @@ from lightning_memplan.callback.peak_meter import PeakMeter
 from lightning_memplan.callback.phase import FitProgress, Phase
 from lightning_memplan.callback.recompiles import RecompileWatch
 from lightning_memplan.callback.reporter import candidates_table, epoch_line, epoch_metrics, plan_table, regions_phrase
-from lightning_memplan.callback.shapes import ShapeTracker
+from lightning_memplan.callback.shapes import ShapeCall, ShapeTracker
 from lightning_memplan.callback.trainer_view import TrainerView
 from lightning_memplan.forecasting.eager_loss import EagerLoss
 from lightning_memplan.plan import Candidate, MemPlan
@@ -136,6 +139,39 @@ def test_the_eager_code_at_other_shapes_is_measured_else_scaled_by_the_outputs()
     assert shapes.eager_at(("s",), 300, (), 100) == (loss,)
 
 
+def test_a_batch_end_says_what_the_batch_ran_and_whether_its_shapes_are_forecast() -> None:
+    shapes = ShapeTracker()
+    shapes.plan_installed((torch.zeros(4, 8),), {})
+    sig = call_signature((torch.zeros(6, 8),), {})
+    call = ShapeCall(args=(), kwargs={}, out_bytes=0, made_bytes=0, in_bytes=10)  # smaller than the planned inputs
+    shapes.batch_sig, shapes.batch_call, shapes.batch = sig, call, "the batch"
+    ran = shapes.end_batch(None, new_static_graph=True)
+    assert (ran.signature, ran.call, ran.noted) == (sig, call, None) and sig in shapes.compiled
+    assert shapes.batch is None and shapes.batch_call is None
+    assert not shapes.wants_forecast(ran, measured=False) and shapes.wants_forecast(ran, measured=True)
+    larger = dataclasses.replace(call, in_bytes=10**6)
+    assert shapes.wants_forecast(dataclasses.replace(ran, call=larger), measured=False)
+    shapes.noting = sig  # the batch measured the eager code at its shapes
+    shapes.batch_sig, shapes.batch_call = sig, call
+    ran = shapes.end_batch(None, new_static_graph=False)
+    assert ran.noted == sig and shapes.noting is None and shapes.wants_forecast(ran, measured=False)
+    assert not shapes.wants_forecast(dataclasses.replace(ran, call=None), measured=True)
+
+
+def test_an_epoch_result_is_the_largest_peak_and_the_forecast_of_the_shapes_it_ran() -> None:
+    meter, shapes = PeakMeter(measure_batches=3), ShapeTracker()
+    planned = shapes.plan_installed((torch.zeros(4, 8),), {})
+    other = call_signature((torch.zeros(6, 8),), {})
+    meter.peaks, meter.signatures = [900, 1400], [planned, other]
+    shapes.forecasts[other] = 1500
+    epoch = end_epoch(meter, shapes, _plan(), None, shapes_per_rank=True)
+    assert (epoch.measured, epoch.predicted, epoch.complete) == (1400, 1500, True)
+    assert epoch.at_planned == 900 and epoch.other_shapes == 1 and epoch.peaks == [900, 1400]
+    assert meter.peaks == []  # the next epoch starts empty
+    epoch = end_epoch(meter, shapes, _plan(), None, shapes_per_rank=False)
+    assert (epoch.measured, epoch.predicted, epoch.complete, epoch.at_planned) == (None, 1000, True, None)
+
+
 # ---------------------------------------------------------------------------- first batch
 def test_the_first_batch_profile_notes_calls_of_other_shapes_and_returned_outputs() -> None:
     profile = FirstBatchProfile()
@@ -153,6 +189,62 @@ def test_the_first_batch_profile_notes_calls_of_other_shapes_and_returned_output
                      inner_outputs=((kept.untyped_storage()._cdata, 40), (1, 8)))
     (held,) = held_returned((loss,), {"logits": kept})
     assert held.held_inner_bytes == 40
+
+
+def test_the_eager_code_is_measured_only_when_every_call_was_noted_and_the_loss_has_a_graph() -> None:
+    profile = FirstBatchProfile()
+    profile.note_call((torch.zeros(2),), {})
+    assert profile.backward_starts(first=True) is None and profile.backwards == 1
+    calls = SimpleNamespace(calls=[SimpleNamespace(edges=[object()])])
+    w = torch.ones(2, requires_grad=True)
+    assert profile.can_measure(calls, (w * 2).sum())
+    assert not profile.can_measure(None, (w * 2).sum())
+    assert not profile.can_measure(calls, torch.ones(()))  # no autograd graph
+    assert not profile.can_measure(calls, 1.0)
+    assert not profile.can_measure(SimpleNamespace(calls=[SimpleNamespace(edges=[])]), (w * 2).sum())
+    profile.note_call((torch.zeros(2),), {})  # two calls, one noted
+    assert not profile.can_measure(calls, (w * 2).sum())
+
+
+# ---------------------------------------------------------------------------- module calls
+def test_the_first_batch_calls_plan_the_first_module_with_parameters_and_put_every_forward_back() -> None:
+    lit = nn.Module()
+    lit.norm, lit.model, lit.head = nn.Identity(), nn.Linear(4, 4), nn.Linear(4, 64)
+    calls = FirstBatchCalls()
+    asked: list[str] = []
+    calls.open(lit, lambda call: asked.append(call.path) or (lambda x: x * 0))  # type: ignore[func-returns-value]
+    out = lit.head(lit.model(lit.norm(torch.ones(1, 4))))
+    assert asked == ["model"] and out.shape == (1, 64)
+    with pytest.warns(MemPlanWarning, match="submodule='head'"):  # it holds more parameters than the planned
+        called = calls.end(verbose=False)
+    assert [c.path for c in called] == ["norm", "model", "head"]
+    assert all("forward" not in m.__dict__ for m in (lit.norm, lit.model, lit.head))
+    assert calls.end(verbose=False) == []
+    calls.open(lit, lambda call: None)
+    calls.lightning_module_called()  # self(...) came first: nothing is watched any more
+    assert all("forward" not in m.__dict__ for m in (lit.norm, lit.model, lit.head))
+    calls.close()
+
+
+# ---------------------------------------------------------------------------- checkpoint state
+def test_the_checkpoint_state_gives_back_the_plan_and_batch_size_and_drops_what_cannot_serve() -> None:
+    options = _options(budget="auto")
+    state = saved_state(_plan(), None)
+    assert state["format"] == 1 and state["batch_size"] is None
+    restored = RestoredState()
+    restored.load({**state, "batch_size": 64}, options)
+    assert restored.plan is not None and restored.plan.budget == 0.5 and restored.batch_size == 64
+    empty = RestoredState()
+    empty.load({}, options)  # an older checkpoint's state
+    assert empty.plan is None and empty.batch_size is None
+    unknown = RestoredState()
+    with pytest.warns(MemPlanWarning, match="not known.*Planning afresh"):
+        unknown.load(saved_state(_plan(solver="mine"), None), options)
+    assert unknown.plan is None
+    model = nn.Module()
+    with pytest.warns(MemPlanWarning, match="Planning afresh"):  # the plan's block `blocks.0` is gone
+        restored.check_blocks(model, None, None)
+    assert restored.plan is None
 
 
 # ---------------------------------------------------------------------------- recompiles
