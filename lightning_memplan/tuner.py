@@ -81,7 +81,8 @@ def plan_memory(
     plan is forecast in the module's current dtype (the callback forecasts it again in training).
 
     ``training_step`` runs once first, with the planned forward run without autograd (its
-    floating-point outputs made leaves that require grad), ``self.log`` silenced and torchmetrics
+    floating-point outputs made the outputs of one autograd node, as a compiled region's, so a loss
+    the forward computes is measured too), ``self.log`` silenced and torchmetrics
     metrics put back afterwards: the calls of the forward per step and the eager code between the
     forward and the backward (the loss on the outputs, metrics; measured as the callback measures
     it on its first batch) are laid into every candidate's forecast. ``self.optimizers()`` and

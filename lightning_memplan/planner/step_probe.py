@@ -20,7 +20,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from lightning_memplan._torch.storages import tree_leaves, tree_map
+from lightning_memplan._torch.storages import tree_leaves, tree_rebuilder
 from lightning_memplan.core.instance_patch import instance_attributes
 from lightning_memplan.forecasting.autograd_walk import parameters_reached
 from lightning_memplan.forecasting.eager_loss import EagerCalls, measure_eager_losses
@@ -35,6 +35,34 @@ from lightning_memplan.planner.step_model import (
 )
 
 __all__ = ["ProbedStep", "called_module", "configured_optimizers", "forward_arguments", "probe_step"]
+
+
+class _OneRegion(torch.autograd.Function):
+    """``outputs`` returned as they are (each a view of itself: nothing is allocated), made the outputs
+    of one autograd node whose backward stops there, as a compiled region's are of its backward's
+    node: a loss that is an output itself has a graph, and outputs that get no gradient are passed
+    zeros (``materialize_grads``), as the compiled backward is."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return outputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, ...]:
+        return (None,) * (len(grads) + 1)
+
+
+def region_outputs(out: Any) -> Any:
+    """``out`` (a forward's result, computed without autograd) with its floating-point tensors made
+    the outputs of one autograd node (:class:`_OneRegion`) that requires grad; the rest as it is."""
+    leaves, rebuild = tree_rebuilder(out)
+    at = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not at:
+        return out
+    anchor = torch.empty(0, device=leaves[at[0]].device, requires_grad=True)
+    for i, t in zip(at, _OneRegion.apply(anchor, *(leaves[i].detach() for i in at))):
+        leaves[i] = t
+    return rebuild(leaves)
 
 
 class _Captured(Exception):
@@ -186,7 +214,8 @@ class ProbedStep:
 def probe_step(model: LightningModule, batch: Any, target: nn.Module, device: torch.device,
                api: str = "plan_memory") -> ProbedStep | None:
     """Run ``training_step`` once as ``fit`` would, but with the planned forward run without
-    autograd and its floating-point outputs made leaves that require grad: the loss and whatever
+    autograd and its floating-point outputs made the outputs of one autograd node that requires grad
+    (:func:`region_outputs`, as a compiled region's are; a loss the forward returns has a graph too): the loss and whatever
     else runs on the outputs build their autograd graph as in training, and are measured as the
     callback measures them on its first batch (:func:`~lightning_memplan.forecasting.eager_loss.measure_eager_losses`),
     without the forward's activations. ``self.log`` does nothing meanwhile; metric modules are
@@ -200,9 +229,6 @@ def probe_step(model: LightningModule, batch: Any, target: nn.Module, device: to
     signatures: list[tuple[Any, ...]] = []
     others: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
-    def leaf(t: Any) -> Any:
-        return t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-
     def probe(*args: Any, **kwargs: Any) -> Any:
         eager.close()
         if not first:
@@ -212,7 +238,8 @@ def probe_step(model: LightningModule, batch: Any, target: nn.Module, device: to
         if signatures[-1] != signatures[0]:
             others.setdefault(signatures[-1], (args, kwargs))
         with torch.no_grad():
-            out = tree_map(leaf, original(*args, **kwargs))
+            out = original(*args, **kwargs)
+        out = region_outputs(out)
         eager.returned(out)
         return out
 
@@ -232,8 +259,8 @@ def probe_step(model: LightningModule, batch: Any, target: nn.Module, device: to
             return None
         params_and_batch = [*model.parameters(), *model.buffers(),
                             *(t for t in tree_leaves(batch) if isinstance(t, torch.Tensor))]
-        # a leaf is held by its AccumulateGrad node, so every output looks alive here: only those
-        # training_step returned stay alive in fit (the loss's saved ones are found by the walk)
+        # in fit only the outputs training_step returned stay alive (the loss's saved ones are found
+        # by the walk); here the probe's own references may still hold others
         returned = {id(t) for t in tree_leaves(result) if isinstance(t, torch.Tensor)}
         calls = [dataclasses.replace(c, alive=[t for t in c.alive if id(t) in returned])
                  for c in eager.now()]
