@@ -3,8 +3,15 @@
 A *trial* forecasts the step at one batch size and says whether some plan fits the limit
 (:class:`BatchTrial`). :func:`largest_fitting` asks for trials as Lightning's ``BatchSizeFinder``
 runs real steps in its ``"binsearch"`` mode, but judges each by its forecast, so nothing runs out
-of memory: from ``start`` it doubles while the trial fits (halves while it does not), then bisects
-between the largest size that fits and the smallest that does not. It relies on one invariant: a
+of memory, and it reads the forecast's bytes, not only its verdict: a step's memory is close to
+affine in its batch (activations grow with it, parameters and optimizer state do not), so the
+next size tried is where the line through two trials meets the limit. On an affine step that is
+the answer, and the size above it confirms it: four trials from the start (the start, twice it,
+the line's size, one more). Where the line misses (rounding to allocator blocks, a plan that
+changes with the batch), the search still brackets: it doubles from ``start`` while the trial fits
+(halves while it does not) and then narrows the bracket between the largest size that fits and the
+smallest that does not, by the line or by bisection, bisecting whenever two steps did not halve it,
+so it takes a logarithmic number of trials whatever the memory curve. It relies on one invariant: a
 step's memory does not shrink as its batch grows, so once a size does not fit, no larger one does.
 """
 from __future__ import annotations
@@ -16,6 +23,10 @@ from dataclasses import dataclass
 from lightning_memplan.units import format_bytes
 
 __all__ = ["BatchSizeChoice", "BatchTrial", "largest_fitting"]
+
+#: The most a size grows over the last that fit, in one trial (the line can point far off when
+#: the memory barely grows with the batch).
+_MAX_GROWTH = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +44,9 @@ class BatchTrial:
     total_bytes: int | None = None
     #: That plan's estimated compute over the fastest plan's at this batch (a ratio; 0.0: none extra).
     extra_compute: float | None = None
+    #: The smallest forecast total of the plans tried at this size (bytes, as ``total_bytes``): the
+    #: size fits when it is within the limit; what the search draws its line through. ``None``: not known.
+    least_bytes: int | None = None
     #: Why there is no forecast, or what else to know of this trial.
     note: str = ""
 
@@ -87,7 +101,7 @@ def largest_fitting(trial: Callable[[int], BatchTrial], *, start: int, limit_byt
     if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1):
         raise ValueError(f"`largest_fitting(max_size={max_size!r})` must be an int >= 1 or None.")
     t0 = time.perf_counter()
-    top = max_size if max_size is not None else None
+    top = max_size
     start = min(start, top) if top is not None else start
     seen: dict[int, BatchTrial] = {}
 
@@ -100,23 +114,39 @@ def largest_fitting(trial: Callable[[int], BatchTrial], *, start: int, limit_byt
         return BatchSizeChoice(batch_size=size, trials=tuple(seen.values()), limit_bytes=limit_bytes,
                                limit_source=limit_source, reason=reason, seconds=time.perf_counter() - t0)
 
+    def on_line(a: int, b: int) -> int | None:
+        """The largest size the line through trials ``a`` and ``b`` holds within the limit (``None``:
+        a trial has no bytes, or the line does not rise)."""
+        ma, mb = seen[a].least_bytes, seen[b].least_bytes
+        if ma is None or mb is None or mb <= ma:
+            return None
+        return a + (limit_bytes - ma) * (b - a) // (mb - ma)
+
+    def left() -> bool:
+        return len(seen) < max_trials
+
     # bracket: good fits, bad does not (None: not found yet)
     good: int | None
     bad: int | None
     if fits(start):
-        good, bad = start, None
-        while bad is None and len(seen) < max_trials:
+        good, bad, last = start, None, None
+        while bad is None and left():
             if top is not None and good >= top:
                 return done(good, f"{good} fits, the most there is to batch ({top})")
-            nxt = good * 2 if top is None else min(good * 2, top)
+            guess = on_line(last, good) if last is not None else None
+            nxt = 2 * good if guess is None else min(max(guess, good + 1), _MAX_GROWTH * good)
+            nxt = nxt if top is None else min(nxt, top)
+            last = good
             if fits(nxt):
                 good = nxt
             else:
                 bad = nxt
     else:
-        good, bad = None, start
-        while good is None and bad > 1 and len(seen) < max_trials:
-            nxt = bad // 2
+        good, bad, last = None, start, None
+        while good is None and bad > 1 and left():
+            guess = on_line(bad, last) if last is not None else None
+            nxt = bad // 2 if guess is None else min(max(guess, 1), bad - 1)
+            last = bad
             if fits(nxt):
                 good = nxt
             else:
@@ -126,12 +156,16 @@ def largest_fitting(trial: Callable[[int], BatchTrial], *, start: int, limit_byt
                         f"no batch down to {min(seen)} fits within {max_trials} trials")
     if bad is None:
         return done(good, f"{good} fits; the trials ran out ({max_trials}) before a size that does not")
-    while bad - good > 1 and len(seen) < max_trials:
-        mid = (good + bad) // 2
-        if fits(mid):
-            good = mid
+    widths = [bad - good]
+    while bad - good > 1 and left():
+        halved = len(widths) < 3 or widths[-1] <= widths[-3] // 2
+        guess = on_line(good, bad) if halved else None
+        nxt = (good + bad) // 2 if guess is None else min(max(guess, good + 1), bad - 1)
+        if fits(nxt):
+            good = nxt
         else:
-            bad = mid
+            bad = nxt
+        widths.append(bad - good)
     if bad - good > 1:
         return done(good, f"the largest found: {good} fits, {bad} does not ({max_trials} trials)")
     return done(good, f"the largest that fits: {good} fits, {bad} does not")

@@ -7,7 +7,8 @@ shrunk along it (the dimension a ``DataLoader``'s ``batch_size`` makes); the eag
 forward measured on the first batch (the loss on the outputs) is scaled with the batch. A trial
 forecasts the two ends of the plan search: no plan (budget 1, nothing checkpointed) and the
 frugal plan (the least candidate budget with every repeated block checkpointed), and a batch fits
-when the frugal one does; the trial's plan is the faster of the two that fits. The search over
+when the frugal one does; the trial's plan is the faster of the two that fits. Checkpointing found
+not a plan at one size (dynamo runs the wrapped blocks eagerly) is not tried at the next. The search over
 sizes is :func:`~lightning_memplan.core.batch_search.largest_fitting`. The plan at the chosen size
 is then searched in full on the real batch, as without ``batch_size="max"``.
 """
@@ -32,7 +33,7 @@ from lightning_memplan.planner.kv_cache import cache_off_patches
 from lightning_memplan.planner.plan_forecast import sum_outputs
 from lightning_memplan.planner.regional import regional_blocks, wants_regional
 from lightning_memplan.planner.rng import rng_kept
-from lightning_memplan.planner.search import PlanDoesNotFit, held_bytes, search
+from lightning_memplan.planner.search import NOT_A_PLAN, PlanDoesNotFit, held_bytes, search
 from lightning_memplan.planner.settings import PlanSettings
 from lightning_memplan.planner.step_model import (
     TrainingLoop,
@@ -120,6 +121,8 @@ def max_batch_size(
     regional = tuple(f"module.{b}" for b in regional_blocks(module, wants_regional(settings.regional, True)))
     frugal_budget = min(settings.candidate_budgets)
     grads = step_grad_bytes(module, loop)
+    # the checkpoint sets still tried: one found not a plan at a size is not one at any (NOT_A_PLAN)
+    sets = list(dict.fromkeys([(), blocks]))
 
     def trial(size: int) -> BatchTrial:
         losses, eager_grads = eager_losses_laid_in([scaled_eager_loss(m, size / batch_size) for m in eager_losses],
@@ -132,7 +135,7 @@ def max_batch_size(
         try:
             result = search(bound, resized_inputs(bound.tensors, batch_size, size),
                             budgets=tuple(dict.fromkeys((1.0, frugal_budget))),
-                            checkpoint_sets=list(dict.fromkeys([(), blocks])), solver=settings.solver,
+                            checkpoint_sets=list(sets), solver=settings.solver,
                             backend=settings.search_backend, optimizer=optimizer, loss_fn=sum_outputs,
                             max_memory=limit_bytes, remat_budgets=(), step_memory=judge, regional=regional,
                             target=target)
@@ -141,13 +144,19 @@ def max_batch_size(
             plan, fits = exc.plan, False
         except Exception as exc:  # noqa: BLE001 - a size that cannot be forecast is not taken
             return BatchTrial(batch_size=size, fits=False, note=f"not forecast: {type(exc).__name__}: {exc}"[:200])
+        for ck in [ck for ck in sets if ck]:
+            mine = [c for c in plan.candidates if c.checkpoint == ck]
+            if mine and all(c.note.startswith(NOT_A_PLAN) for c in mine):
+                sets.remove(ck)
         chosen = plan.candidates[plan.chosen] if plan.chosen is not None else None
         fastest = next((c for c in plan.candidates if c.budget == 1.0 and not c.checkpoint and c.cost), None)
         if chosen is None or chosen.peak_bytes is None:
             return BatchTrial(batch_size=size, fits=False, note="no candidate could be forecast")
         extra = chosen.cost / fastest.cost - 1 if fastest is not None and chosen.cost is not None else None
+        totals = [held_bytes(c, plan.baseline_bytes or 0) for c in plan.candidates if c.peak_bytes is not None]
         return BatchTrial(batch_size=size, fits=fits, plan=chosen.label,
-                          total_bytes=held_bytes(chosen, plan.baseline_bytes or 0), extra_compute=extra)
+                          total_bytes=held_bytes(chosen, plan.baseline_bytes or 0), extra_compute=extra,
+                          least_bytes=min(totals, default=None))
 
     return largest_fitting(trial, start=batch_size, limit_bytes=limit_bytes, limit_source=limit_source,
                            max_size=max_size, max_trials=max_trials)

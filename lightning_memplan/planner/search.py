@@ -39,7 +39,8 @@ from lightning_memplan.units import format_bytes
 if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
-__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "MIN_SAVING", "OUT_OF_TIME", "PlanDoesNotFit",
+__all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "MIN_SAVING", "NOT_A_PLAN", "OUT_OF_TIME",
+           "PlanDoesNotFit",
            "SearchResult", "choose", "forecast_flops", "held_bytes", "rejudge", "reserve_bytes", "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
@@ -61,6 +62,10 @@ MILP and a partition. A denser grid (0.55, 0.45, 0.35, 0.25) was tried on the 6-
 ``benchmarks/plans.py``: its knee, remat 0.35, saved 67% of full block checkpointing's memory under
 inductor (0.25: 82%), and deciding took 20% longer."""
 
+
+NOT_A_PLAN = "not a plan"
+"""How the note of a candidate whose checkpointed blocks dynamo runs eagerly begins: no budget or
+batch size makes that checkpoint set a plan (the blocks stay eager whatever the shapes)."""
 
 OUT_OF_TIME = "not forecast: the search's time limit ran out"
 """The note of a candidate the search left unforecast because its ``time_limit`` had passed."""
@@ -252,7 +257,7 @@ def search(
                     baseline = base if baseline is None else baseline
                     if eager:  # traced really wrapped: those blocks ran eagerly, so the peak misses them
                         cand, fc = Candidate(budget=b, checkpoint=tuple(ck), note=(
-                            f"not a plan: dynamo runs {', '.join(eager)} eagerly under checkpointing")), None
+                            f"{NOT_A_PLAN}: dynamo runs {', '.join(eager)} eagerly under checkpointing")), None
                     else:
                         cand = Candidate(budget=b, checkpoint=tuple(ck), peak_bytes=peak,
                                          cost=forecast_flops(fc), note=_note(fc), reserve_bytes=reserve_bytes(fc))
