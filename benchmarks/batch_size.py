@@ -22,7 +22,9 @@ meter has it). During ``BatchSizeFinder``'s search a step whose total exceeds th
 error CUDA raises (``RuntimeError("CUDA out of memory ...")``), which the finder catches as an OOM;
 MemPlanCallback gets the limit as ``max_memory``. On CUDA the limit is the device itself: real OOMs
 for ``BatchSizeFinder``, the device's memory for MemPlanCallback (no ``max_memory``), and the fit's
-total is ``torch.cuda.max_memory_reserved``.
+total is ``torch.cuda.max_memory_reserved``; with ``--limits`` the device is capped there
+(``torch.cuda.set_per_process_memory_fraction``: the finder's OOMs are CUDA's own) and
+MemPlanCallback gets the cap as ``max_memory``.
 
     python benchmarks/batch_size.py                          # llama, limits 24 MiB and 48 MiB, CPU
     python benchmarks/batch_size.py --models llama gpt2 --limits 32MiB
@@ -239,36 +241,79 @@ def run_finder(name: str, start: int, limit: int | None, device: str, batches: i
     return Outcome("BatchSizeFinder", meter.steps, wall, chosen, total, rate, note="the model as written")
 
 
+def capped(limit: int | None) -> Any:
+    """On CUDA with ``limit``: the caching allocator capped at ``limit`` bytes of this device
+    (``torch.cuda.set_per_process_memory_fraction``: a step past it raises CUDA's own out-of-memory
+    error), put back afterwards. Elsewhere, or without a limit: nothing changes."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def cap() -> Any:
+        if limit is None or not torch.cuda.is_available():
+            yield
+            return
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total))
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+
+    return cap()
+
+
+def compare(name: str, start: int, limit: int | None, device: str, batches: int,
+            backend: str) -> tuple[Outcome, Outcome, int]:
+    """Both finders on model ``name`` under ``limit`` (bytes; ``None``: the whole CUDA device): ours,
+    the peer's, and the limit they were held to (bytes)."""
+    with capped(limit):
+        ours = run_memplan(name, start, limit, device, batches, backend)
+        peer = run_finder(name, start, limit, device, batches)
+    return ours, peer, limit if limit is not None else torch.cuda.get_device_properties(0).total_memory
+
+
+def table_rows(name: str, cap: int, ours: Outcome, peer: Outcome) -> list[list[Any]]:
+    """The table's rows of one comparison: ours, the peer's, then their ratios."""
+    rows = []
+    for o in (ours, peer):
+        rows.append([name, format_bytes(cap), o.finder, o.steps, f"{o.search_seconds:.1f}", o.batch or "-",
+                     format_bytes(o.total_bytes) if o.total_bytes is not None else "-",
+                     "-" if o.total_bytes is None else ("yes" if o.total_bytes <= cap else "NO"),
+                     f"{o.samples_per_second:.0f}" if o.samples_per_second else "-", o.note])
+    if ours.batch and peer.batch:
+        rows.append(["", "", "ratio ours / peer", "-", f"{ours.search_seconds / peer.search_seconds:.2f}x",
+                     f"{ours.batch / peer.batch:.2f}x", "", "",
+                     f"{ours.samples_per_second / peer.samples_per_second:.2f}x"
+                     if ours.samples_per_second and peer.samples_per_second else "-", ""])
+    return rows
+
+
+HEADERS = ["model", "limit", "finder", "trial steps", "search s", "batch", "fit total", "under limit", "samples/s",
+           "plan"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["llama"])
-    p.add_argument("--limits", nargs="+", default=["24MiB", "48MiB"], help="emulated limits (CPU only)")
+    p.add_argument("--limits", nargs="+", default=None,
+                   help="limits: emulated on the CPU (default 24MiB 48MiB); on CUDA the device capped there "
+                        "(default: the whole device)")
     p.add_argument("--start", type=int, default=8, help="the batch size both searches start from")
     p.add_argument("--batches", type=int, default=8, help="batches of the measured fit at the chosen batch")
     p.add_argument("--backend", default="aot_eager", help="MemPlanCallback's compile backend")
     args = p.parse_args(argv)
     device = "gpu" if torch.cuda.is_available() else "cpu"
-    limits: list[int | None] = [None] if device == "gpu" else [parse_bytes(x, argument="--limits") for x in args.limits]
+    given = args.limits if args.limits is not None else (["24MiB", "48MiB"] if device == "cpu" else None)
+    limits: list[int | None] = [None] if given is None else [parse_bytes(x, argument="--limits") for x in given]
     rows = []
     for name in args.models:
         for limit in limits:
-            ours = run_memplan(name, args.start, limit, device, args.batches, args.backend)
-            peer = run_finder(name, args.start, limit, device, args.batches)
-            cap = limit if limit is not None else torch.cuda.get_device_properties(0).total_memory
-            for o in (ours, peer):
-                rows.append([name, format_bytes(cap), o.finder, o.steps, f"{o.search_seconds:.1f}", o.batch or "-",
-                             format_bytes(o.total_bytes) if o.total_bytes is not None else "-",
-                             "-" if o.total_bytes is None else ("yes" if o.total_bytes <= cap else "NO"),
-                             f"{o.samples_per_second:.0f}" if o.samples_per_second else "-", o.note])
-            if ours.batch and peer.batch:
-                rows.append(["", "", "ratio ours / peer", "-", f"{ours.search_seconds / peer.search_seconds:.2f}x",
-                             f"{ours.batch / peer.batch:.2f}x", "", "",
-                             f"{ours.samples_per_second / peer.samples_per_second:.2f}x"
-                             if ours.samples_per_second and peer.samples_per_second else "-", ""])
-    print(f"\nThe largest batch that fits ({'emulated limit on the CPU' if device == 'cpu' else 'the device'}; "
-          f"start {args.start}, fit of {args.batches} batches at the chosen size, torch {torch.__version__})")
-    print(tabulate(rows, headers=["model", "limit", "finder", "trial steps", "search s", "batch", "fit total",
-                                  "under limit", "samples/s", "plan"]))
+            ours, peer, cap = compare(name, args.start, limit, device, args.batches, args.backend)
+            rows += table_rows(name, cap, ours, peer)
+    where = "emulated limit on the CPU" if device == "cpu" else "the device, capped at the limit"
+    print(f"\nThe largest batch that fits ({where}; start {args.start}, fit of {args.batches} batches at the "
+          f"chosen size, torch {torch.__version__})")
+    print(tabulate(rows, headers=HEADERS))
     return 0
 
 

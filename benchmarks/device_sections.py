@@ -19,7 +19,9 @@ a deadline of its own (the shell's ``timeout``, and the same deadline checked he
   for the named target of this GPU (``lightning_memplan.targets.TARGETS``; ``"cpu"`` in a dry run). It runs
   beside ``plans`` (it needs no GPU): ``compare`` then puts its figures against section 3's measurements.
 - ``compare``: section 4's table, estimate against the real run, error in %.
-- ``batch``: the batch-size planner (section 5): not landed, says so.
+- ``batch``: the batch-size planner (section 5): ``MemPlanCallback(batch_size="max")`` against Lightning's
+  ``BatchSizeFinder`` (``benchmarks/batch_size.py``) on a zoo Llama, the device capped at each limit so that the
+  finder's out-of-memory errors are CUDA's own: trial steps, wall time, batch chosen, a fit's total against the limit.
 - ``summary``: one table of every section's figures against their targets, then ``sections run: K of 5``.
 
 Each section writes ``DIR/section_<n>.json`` (rewritten after every row, so a section killed at its deadline
@@ -70,6 +72,7 @@ TARGETS_TEXT = {
     "zoo_error": "abs. error <= 1% (issue 46)",
     "plans": ">= 70% of full ckpt's saving at <= 40% of its slowdown",
     "estimate": "abs. error <= 3%, goal 1% (issue 44)",
+    "batch": "batch >= the finder's, its fit under the limit, 0 trial steps (issue 45)",
 }
 """The target each summary row is held against, and where it was set."""
 ZOO_TARGET = 0.01
@@ -94,6 +97,8 @@ GPU: dict[str, Any] = {
     "llama": "llama3-1b", "batch": 4, "seq": 2048, "budget_alone": 0.5, "steps": 5,
     "search": {},  # MemPlanCallback's defaults
     "plan_row_s": 45.0,
+    # the batch-size planner on the zoo's Llama, the device capped at each limit
+    "batch_model": "llama", "batch_start": 8, "batch_limits": ("512MiB",), "batch_batches": 6, "batch_row_s": 60.0,
 }
 DRY: dict[str, Any] = {
     "zoo": (("llama_gqa", "loss"),),
@@ -105,6 +110,7 @@ DRY: dict[str, Any] = {
     "batch": 2, "seq": 32, "budget_alone": 0.5, "steps": 2,
     "search": {"candidate_budgets": (1.0, 0.5), "remat_budgets": ()},  # a shorter search
     "plan_row_s": 20.0,
+    "batch_model": "llama", "batch_start": 8, "batch_limits": ("12MiB",), "batch_batches": 5, "batch_row_s": 90.0,
 }
 
 
@@ -212,6 +218,21 @@ def _has_transformers() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("transformers") is not None
+
+
+def _can_run(sec: Section, args: argparse.Namespace, needs: str) -> bool:
+    """Whether section ``sec`` can run here: CUDA (or a dry run) and ``transformers`` (for ``needs``);
+    if not, its header and why are printed and the section finished so."""
+    header = f"\n[{sec.number}/{N_SECTIONS}] {TITLES[sec.number]}"
+    if not args.dry_run and not _cuda():
+        _say(header)
+        _no_cuda(sec)
+        return False
+    if not _has_transformers():
+        _say(f"{header}: not available: transformers is not installed here ({needs})")
+        sec.finish("failed", "transformers is not installed")
+        return False
+    return True
 
 
 def _where(dry: bool) -> str:
@@ -754,13 +775,7 @@ def section_estimate(args: argparse.Namespace, cfg: dict[str, Any], deadline: De
     ``estimate_plans`` (budget 1 without and with every block checkpointed), then the regional
     compile section 3 ran, at budget 1 and at torch's budget alone. ``compare`` reads them."""
     sec = Section(4, args.out, name="4_estimate")
-    if not args.dry_run and not _cuda():
-        _say(f"\n[4/{N_SECTIONS}] {TITLES[4]}")
-        _no_cuda(sec)
-        return
-    if not _has_transformers():
-        _say(f"\n[4/{N_SECTIONS}] {TITLES[4]}: not available: transformers is not installed here (LlamaForCausalLM)")
-        sec.finish("failed", "transformers is not installed")
+    if not _can_run(sec, args, "LlamaForCausalLM"):
         return
     import torch
 
@@ -888,12 +903,56 @@ def section_compare(args: argparse.Namespace) -> None:
 
 
 # -------------------------------------------------------------------------------------- section 5: batch
-def section_batch(args: argparse.Namespace) -> None:
-    """Section 5: the batch-size planner has not landed: says so, and is not counted."""
+def section_batch(args: argparse.Namespace, cfg: dict[str, Any], deadline: Deadline) -> None:
+    """Section 5: ``MemPlanCallback(batch_size="max")`` against Lightning's ``BatchSizeFinder``
+    (``benchmarks/batch_size.py``) on a zoo Llama, for each limit: on CUDA the device capped there
+    (``set_per_process_memory_fraction``: the finder's out-of-memory errors are CUDA's own; the
+    callback gets the cap as ``max_memory``), in a dry run emulated on the CPU. Per finder: training
+    steps run by the search, its wall time, the batch chosen, a fit's measured total at that batch
+    (on CUDA ``max_memory_reserved``) against the limit, samples per second."""
     sec = Section(5, args.out)
-    _say(f"\n[5/{N_SECTIONS}] {TITLES[5]}: not available yet (the batch-size planner has not landed)")
-    sec.data["summary"] = [["batch-size planner", "not available yet", "-", None]]
-    sec.finish("not available yet")
+    header = f"\n[5/{N_SECTIONS}] {TITLES[5]}"
+    if not _can_run(sec, args, "the zoo's Llama"):
+        return
+    import batch_size as bench
+
+    from lightning_memplan.units import parse_bytes
+
+    device = "cpu" if args.dry_run else "gpu"
+    model, backend = cfg["batch_model"], "aot_eager"  # the same plan and activation memory, no codegen
+    _say(f"{header}: zoo {model!r}, start {cfg['batch_start']}, MemPlanCallback backend {backend}, "
+         + ("limits emulated on the CPU" if args.dry_run else "the device capped at each limit"))
+    rows: list[list[Any]] = []
+    summary: list[list[Any]] = []
+    for text in cfg["batch_limits"]:
+        if rows and deadline.left() < MARGIN_S + cfg["batch_row_s"]:
+            summary.append([f"batch size, limit {text}", "skipped (time limit)", "-", None])
+            break
+        limit = parse_bytes(text, argument="batch_limits")
+        try:
+            with _quiet():
+                ours, peer, cap = bench.compare(model, cfg["batch_start"], limit, device, cfg["batch_batches"],
+                                                backend)
+        except Exception as exc:  # noqa: BLE001 - one failed limit must not end the section
+            summary.append([f"batch size, limit {text}", f"failed: {type(exc).__name__}: {exc}"[:200], "-", None])
+            _cleanup()
+            continue
+        rows += bench.table_rows(model, cap, ours, peer)
+        sec.data["rows"].append({"limit": cap, **{f"{k}_{o.finder}": v for o in (ours, peer)
+                                                  for k, v in vars(o).items() if k != "finder"}})
+        under = ours.total_bytes is not None and ours.total_bytes <= cap
+        met = bool(ours.batch and peer.batch and ours.batch >= peer.batch and under and ours.steps == 0)
+        summary.append([f"batch size, limit {text}",
+                        f"{ours.batch or '-'} vs {peer.batch or '-'} (BatchSizeFinder); fit "
+                        f"{_mib(ours.total_bytes)} MiB of {_mib(cap)}; {ours.steps} vs {peer.steps} trial steps; "
+                        f"search {ours.search_seconds:.0f} s vs {peer.search_seconds:.0f} s",
+                        TARGETS_TEXT["batch"], met])
+        sec.data["summary"] = summary
+        _cleanup()
+        sec.save()
+    _say(_table(rows, bench.HEADERS) if rows else "  no comparison ran")
+    sec.data["summary"] = summary or [["batch size", "no comparison ran", TARGETS_TEXT["batch"], None]]
+    sec.finish("ran" if rows else "failed", "" if rows else "no comparison ran")
 
 
 # ------------------------------------------------------------------------------------------- summary
@@ -937,14 +996,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.section == "compare":
         section_compare(args)
         return 0
-    if args.section == "batch":
-        section_batch(args)
-        return 0
     run: dict[str, Callable[[], None]] = {
         "tests": lambda: section_tests(args, deadline),
         "zoo": lambda: section_zoo(args, cfg, deadline),
         "plans": lambda: section_plans(args, cfg, deadline),
         "estimate": lambda: section_estimate(args, cfg, deadline),
+        "batch": lambda: section_batch(args, cfg, deadline),
     }
     try:
         run[args.section]()
@@ -952,7 +1009,7 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc()
-        number = {"tests": 1, "zoo": 2, "plans": 3, "estimate": 4}[args.section]
+        number = {"tests": 1, "zoo": 2, "plans": 3, "estimate": 4, "batch": 5}[args.section]
         path = args.out / (f"section_{number}.json" if number != 4 else "section_4_estimate.json")
         data = json.loads(path.read_text()) if path.exists() else {"section": number, "title": TITLES[number],
                                                                      "summary": [], "rows": [], "seconds": 0.0}

@@ -211,7 +211,8 @@ def largest_batch(trainer: Trainer, model: LightningModule, batch: Any, target: 
         most = None
     with in_step(trainer, model, target, patches, device) as (optimizer, loop):
         probed = probe_step(model, batch, target, device)
-        args, kwargs = (probed.args, probed.kwargs) if probed else forward_arguments(model, batch, target, api=self_call)
+        args, kwargs = ((probed.args, probed.kwargs) if probed
+                        else forward_arguments(model, batch, target, api=self_call))
         return max_batch_size(target, settings=settings, args=args, kwargs=kwargs, batch_size=size,
                               limit_bytes=settings.max_memory, limit_source=settings.limit_source,
                               device=device, forward=target.forward, optimizer=optimizer, loop=loop,

@@ -214,9 +214,10 @@ class ProbedStep:
 def probe_step(model: LightningModule, batch: Any, target: nn.Module, device: torch.device,
                api: str = "plan_memory") -> ProbedStep | None:
     """Run ``training_step`` once as ``fit`` would, but with the planned forward run without
-    autograd and its floating-point outputs made the outputs of one autograd node that requires grad
-    (:func:`region_outputs`, as a compiled region's are; a loss the forward returns has a graph too): the loss and whatever
-    else runs on the outputs build their autograd graph as in training, and are measured as the
+    autograd and its floating-point outputs made the outputs of one autograd node that requires
+    grad (:func:`region_outputs`, as a compiled region's are; a loss the forward returns has a
+    graph too): the loss and whatever else runs on the outputs build their autograd graph as in
+    training, and are measured as the
     callback measures them on its first batch (:func:`~lightning_memplan.forecasting.eager_loss.measure_eager_losses`),
     without the forward's activations. ``self.log`` does nothing meanwhile; metric modules are
     put back as they were; under manual optimization the loss is the first ``manual_backward``'s,
