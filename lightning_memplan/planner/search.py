@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from lightning_memplan.forecasting.result import Forecast
 
 __all__ = ["COST_TIE", "DEFAULT_BUDGETS", "DEFAULT_REMAT_BUDGETS", "MIN_SAVING", "NOT_A_PLAN", "OUT_OF_TIME",
-           "PlanDoesNotFit",
-           "SearchResult", "choose", "forecast_flops", "held_bytes", "rejudge", "reserve_bytes", "search"]
+           "PlanDoesNotFit", "SearchResult", "choose", "forecast_flops", "held_bytes", "rejudge", "reserve_bytes",
+           "search"]
 
 DEFAULT_BUDGETS: tuple[float, ...] = (1.0, 0.7, 0.5, 0.3, 0.1)
 """Budgets a search tries with each checkpoint set (ratios in [0, 1])."""
