@@ -32,11 +32,13 @@ MemPlanCallback gets the cap as ``max_memory``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ from tabulate import tabulate  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from lightning_memplan import MemPlanCallback  # noqa: E402
+from lightning_memplan._torch.storages import unique_storages  # noqa: E402
 from lightning_memplan.measure import PeakWindow  # noqa: E402
 from lightning_memplan.units import format_bytes, parse_bytes  # noqa: E402
 from tests.zoo.zoo_models import ZooData, ZooModule  # noqa: E402
@@ -88,23 +91,10 @@ class Batched(ZooModule):
 def _live_bytes(module: LightningModule, batch: Any) -> int:
     """Bytes of the tensors a step starts with: parameters, gradients, optimizer state, the batch
     (each storage once)."""
-    seen: dict[int, int] = {}
-
-    def add(t: Any) -> None:
-        if isinstance(t, torch.Tensor):
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-
-    for p in module.parameters():
-        add(p)
-        add(p.grad)
-    for opt in module.trainer.optimizers:
-        for state in opt.state.values():
-            for v in state.values():
-                add(v)
-    for v in (batch.values() if isinstance(batch, dict) else batch):
-        add(v)
-    return sum(seen.values())
+    tensors = [*module.parameters(), *(p.grad for p in module.parameters() if p.grad is not None),
+               *(v for opt in module.trainer.optimizers for state in opt.state.values() for v in state.values()),
+               *(batch.values() if isinstance(batch, dict) else batch)]
+    return sum(n for n, _ in unique_storages([t for t in tensors if isinstance(t, torch.Tensor)], set()))
 
 
 @dataclass
@@ -241,25 +231,19 @@ def run_finder(name: str, start: int, limit: int | None, device: str, batches: i
     return Outcome("BatchSizeFinder", meter.steps, wall, chosen, total, rate, note="the model as written")
 
 
-def capped(limit: int | None) -> Any:
+@contextlib.contextmanager
+def capped(limit: int | None) -> Iterator[None]:
     """On CUDA with ``limit``: the caching allocator capped at ``limit`` bytes of this device
     (``torch.cuda.set_per_process_memory_fraction``: a step past it raises CUDA's own out-of-memory
     error), put back afterwards. Elsewhere, or without a limit: nothing changes."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def cap() -> Any:
-        if limit is None or not torch.cuda.is_available():
-            yield
-            return
-        total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total))
-        try:
-            yield
-        finally:
-            torch.cuda.set_per_process_memory_fraction(1.0)
-
-    return cap()
+    if limit is None or not torch.cuda.is_available():
+        yield
+        return
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / torch.cuda.get_device_properties(0).total_memory))
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
 
 
 def compare(name: str, start: int, limit: int | None, device: str, batches: int,
