@@ -81,15 +81,17 @@ class _WithLoss(torch.nn.Module):
         return self.m.model(**batch).loss
 
 
-def peer(name: str, backend: str, budget: float, checkpoint: tuple[str, ...]) -> int | None:
-    """``forecast()`` of the model's step at ``budget`` (its loss inside the graph)."""
+def peer(name: str, backend: str, budget: float, checkpoint: tuple[str, ...], planned: str) -> int | None:
+    """``forecast()`` of the model's step at ``budget`` (its loss inside the graph), ``checkpoint``
+    (named relative to the planned module: ``planned`` is the fit's, e.g. "`model` (...)")."""
     from lightning_memplan.planner.checkpointing import checkpointed
 
     torch.manual_seed(0)
     module = ZooModule(name, "loss" if ZOO[name][1] != "demo" else "logits")
     batch = next(iter(module.train_dataloader()))
     wrapped = _WithLoss(module, list(batch))
-    with warnings.catch_warnings(), checkpointed(wrapped, [f"m.{n}" for n in checkpoint]):
+    prefix = "m.model." if planned.startswith("`model`") else "m."
+    with warnings.catch_warnings(), checkpointed(wrapped, [f"{prefix}{n}" for n in checkpoint]):
         warnings.simplefilter("ignore")
         fc = forecast(wrapped, tuple(batch.values()), budget=budget, backend=backend, loss_fn=lambda loss: loss,
                       optimizer=torch.optim.AdamW(module.parameters(), lr=1e-3))
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                     peak = None
                     if r["budget"] is not None:
                         try:
-                            peak = peer(name, backend, r["budget"], r["checkpoint"])
+                            peak = peer(name, backend, r["budget"], r["checkpoint"], r["planned"])
                         except Exception:  # noqa: BLE001 - the peer's row stays empty
                             peak = None
                     peer_err = None if peak is None or not r["measured"] else (peak - r["measured"]) / r["measured"]

@@ -25,7 +25,7 @@ __all__ = [
     "isolated_compile_kwargs",
     "lazy_graph_module",
     "recompile_limit",
-    "resuming_nested_graph_breaks",
+    "with_dynamo_settings",
 ]
 
 
@@ -95,26 +95,39 @@ def graph_caches_off_patch() -> contextlib.AbstractContextManager[Any]:
     return stack
 
 
-def resuming_nested_graph_breaks(compiled: Callable[..., _R]) -> Callable[..., _R]:
-    """``compiled`` (a ``torch.compile`` result) called under
-    ``torch._dynamo.config.patch(nested_graph_breaks=True)`` (scoped to each call: dynamo reads it
-    when it traces a frame, at the first call and at every recompile); ``compiled`` itself where
-    torch has no such setting.
+DYNAMO_SETTINGS: tuple[str, ...] = ("nested_graph_breaks", "skip_fwd_side_effects_in_bwd_under_checkpoint")
+"""The ``torch._dynamo.config`` flags :func:`with_dynamo_settings` sets to ``True`` for each call."""
 
-    dynamo does not compile frames of torch's own files on their own (``torch.nn`` modules are only
-    inlined into a caller's frame). Without it a graph break inside one (``nn.Transformer``'s
-    ``.item()`` in ``_detect_is_causal_mask``) bubbles up to the outermost user frame: the whole
-    ``nn.Transformer`` call then runs eagerly, outside every compiled graph, unplanned and unseen
-    by a forecast. With it dynamo resumes tracing in the nested frame after the break, and the
-    layers on both sides of the break are compiled.
+
+def with_dynamo_settings(compiled: Callable[..., _R]) -> Callable[..., _R]:
+    """``compiled`` (a ``torch.compile`` result) called under the two dynamo settings every compile
+    of ours traces with (scoped to each call with ``torch._dynamo.config.patch``: dynamo reads them
+    when it traces a frame, at the first call and at every recompile; a setting this torch lacks
+    is left alone, and ``compiled`` itself is returned when it has neither):
+
+    * ``nested_graph_breaks=True``. dynamo does not compile frames of torch's own files on their
+      own (``torch.nn`` modules are only inlined into a caller's frame). Without it a graph break
+      inside one (``nn.Transformer``'s ``.item()`` in ``_detect_is_causal_mask``) bubbles up to the
+      outermost user frame: the whole ``nn.Transformer`` call then runs eagerly, outside every
+      compiled graph, unplanned and unseen by a forecast. With it dynamo resumes tracing in the
+      nested frame after the break, and the layers on both sides of the break are compiled.
+    * ``skip_fwd_side_effects_in_bwd_under_checkpoint=True``. A block under
+      ``torch.utils.checkpoint`` whose forward mutates a Python object (transformers' attention
+      sets and resets the ``kernels`` package's context variable on every call; a counter) is
+      otherwise run eagerly by dynamo, outside every graph: no checkpointing of a Llama layer
+      would be a compiled plan. With it the block is compiled and its mutations are made once, in
+      the forward, and not made again when the backward recomputes it (eager checkpointing makes
+      them twice; for a context variable set and reset, or a cache that must not grow twice, once
+      is what the user's code means).
     """
     config = torch._dynamo.config
-    if not hasattr(config, "nested_graph_breaks"):
+    settings = {key: True for key in DYNAMO_SETTINGS if hasattr(config, key)}
+    if not settings:
         return compiled
 
     @functools.wraps(compiled)
     def call(*args: Any, **kwargs: Any) -> _R:
-        with config.patch(nested_graph_breaks=True):
+        with config.patch(**settings):
             return compiled(*args, **kwargs)
 
     return call

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from lightning_memplan._torch.dynamo import isolated_compile_kwargs, resuming_nested_graph_breaks
+from lightning_memplan._torch.dynamo import isolated_compile_kwargs, with_dynamo_settings
 from lightning_memplan._torch.fsdp import fsdp_kinds
 from lightning_memplan.callback import reporter
 from lightning_memplan.callback.compile_watch import WatchedBackend, describe_shapes
@@ -296,7 +296,7 @@ class PlanController:
             # static shapes by default: another batch size compiles a graph of its own (with the
             # plan) and the planned graph keeps serving the planned size (see compile_watch)
             ckw = {**isolated_compile_kwargs(), "dynamic": False, **self._o.compile_kwargs}
-            compiled = resuming_nested_graph_breaks(torch.compile(_fresh_forward(module), backend=backend, **ckw))
+            compiled = with_dynamo_settings(torch.compile(_fresh_forward(module), backend=backend, **ckw))
             # FSDP2 units and the plan's regional blocks: each compiled on its own (see unit_compile), for this fit
             regional = [module.get_submodule(n) for n in plan.regional]
             self._stack.enter_context(UnitCompile(module, backend, ckw, regional).installed())

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lightning_memplan._torch.dynamo import isolated_compile_kwargs, resuming_nested_graph_breaks
+from lightning_memplan._torch.dynamo import isolated_compile_kwargs, with_dynamo_settings
 from lightning_memplan._torch.fsdp import Fsdp2Units, fsdp2_active_unit, fsdp2_units
 from lightning_memplan._torch.partitioner import eager_backward_compile
 from lightning_memplan._torch.storages import held_tensors, storage_key
@@ -109,7 +109,7 @@ def compile_step(
     # compiles of the same code in this process (automatic_dynamic_local_pgo) could make it a
     # dynamic-shape graph, and AOTAutograd would mark the caller's tensors dynamic for later compiles.
     compile_kwargs = {"dynamic": False, **isolated_compile_kwargs()}
-    whole = resuming_nested_graph_breaks(torch.compile(_make_loss(model, loss_fn), backend=be, **compile_kwargs))
+    whole = with_dynamo_settings(torch.compile(_make_loss(model, loss_fn), backend=be, **compile_kwargs))
     params = [p for p in model.parameters()]
     fsdp = fsdp2_units(model)
     groups = fsdp.groups if fsdp is not None else ()

@@ -102,8 +102,8 @@ def forecast_grid(
     them is emulated too: each region's graph is also partitioned with its whole forward
     checkpointed, and the calls the set's blocks make run that partition
     (:mod:`~lightning_memplan.forecasting.checkpointed_calls`). A set with a block that makes no
-    compiled call or several, or whose graph mutates Python objects (a KV cache: under
-    checkpointing dynamo runs such a block eagerly), gets a ``"failed"`` forecast saying so
+    compiled call or several, or whose graph mutates Python objects (a context variable it
+    sets), gets a ``"failed"`` forecast saying so
     (forecast it with :func:`forecast_sweep` inside
     :func:`~lightning_memplan.planner.checkpointing.checkpointed`). A set may not mix them with
     other blocks, nor be ``run``.

@@ -26,7 +26,7 @@ inline the block, and the nested compiled function with it, into the caller's gr
 runs in the one compiled function shared by every block. Identical blocks then run ONE compiled
 graph (partitioned once, its activation memory budget applied to one block's graph); the code
 around them (a stem, a head) compiles as regions of its own, resumed after the break
-(``resuming_nested_graph_breaks``). A block that reads a constant of its own (transformers' layers
+(``with_dynamo_settings``). A block that reads a constant of its own (transformers' layers
 pass their ``layer_idx`` to a KV cache) compiles a graph of its own: still planned and forecast,
 but not shared.
 """

@@ -129,9 +129,10 @@ def checkpointed(model: nn.Module, names: Iterable[str]) -> Iterator[None]:
 def uncompiled_blocks(model: nn.Module, names: Iterable[str], compiled: Collection[int] | None) -> list[str]:
     """Of the checkpointed blocks ``names`` of ``model``, those none of whose trainable parameters a
     compiled graph reads (``compiled``: ids of the parameters the graphs of a forecast with the blocks
-    really wrapped read; ``None`` or empty: unknown, nothing is named). dynamo ran them eagerly:
-    ``torch.utils.checkpoint`` breaks the graph around a block with side effects (a KV cache it
-    appends to), so no plan reaches them and a forecast misses their activations."""
+    really wrapped read; ``None`` or empty: unknown, nothing is named). dynamo ran them eagerly
+    (``torch.utils.checkpoint`` around a block with side effects, on a torch without
+    ``skip_fwd_side_effects_in_bwd_under_checkpoint``, or a graph break inside it), so no plan
+    reaches them and a forecast misses their activations."""
     if not compiled:
         return []
     eager = []

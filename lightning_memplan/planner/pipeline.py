@@ -359,9 +359,9 @@ def plan_step(
             plan, kept = _without_checkpointing(plan, kept, f"dynamo runs {', '.join(eager)} eagerly under "
                                                 "checkpointing", settings, call)
             issued.append(f"{call}: dynamo does not compile {', '.join(repr(n) for n in eager)} under activation "
-                          "checkpointing (torch.utils.checkpoint breaks the graph around a block with side effects, "
-                          "such as a KV cache it appends to): such a block runs eagerly, so the plan does not "
-                          f"reach it and the forecast misses its activations. Took "
+                          "checkpointing (a graph break inside the block, or side effects on a torch without "
+                          "skip_fwd_side_effects_in_bwd_under_checkpoint): such a block runs eagerly, so the plan "
+                          f"does not reach it and the forecast misses its activations. Took "
                           f"{plan.candidates[plan.chosen].label} instead ({plan.reason}).")
             warnings.warn(issued[-1], MemPlanWarning, stacklevel=2)
             plan, fc = forecast_chosen(plan)

@@ -229,7 +229,14 @@ def search(
                                      run=frugal, remat_budgets=remat_budgets, regional=regional, target=target)
         except Exception:  # noqa: BLE001 - fall back to one trace per checkpoint set
             grid = {}
+    eager_blocks: set[str] = set()  # blocks dynamo runs eagerly when checkpointed: no set with one is a plan
     for ck in (() if remat_only else sets):
+        eager_ones = tuple(name for name in ck if name in eager_blocks)
+        if eager_ones:  # a block's graph is its own whatever else is wrapped: nothing to trace
+            for b in budgets:
+                add(Candidate(budget=b, checkpoint=tuple(ck), note=(
+                    f"{NOT_A_PLAN}: dynamo runs {', '.join(eager_ones)} eagerly under checkpointing")), None)
+            continue
         with checkpointed(model, ck):
             swept: dict[float, Any] = {b: grid[(ck, b)] for b in budgets
                                        if (ck, b) in grid and grid[(ck, b)].status == "ok"}
@@ -243,6 +250,7 @@ def search(
             # (a plan partitioned beside the one run knows no compiled parameters of its own)
             known = next((f.compiled_parameter_ids for f in swept.values() if f.compiled_parameter_ids), None)
             eager = uncompiled_blocks(model, ck, known)
+            eager_blocks.update(eager)
             for b in budgets:
                 fc = swept.get(float(b)) if swept else None
                 if fc is None and out_of_time():
@@ -253,6 +261,7 @@ def search(
                         fc = forecast(model, tuple(example_inputs), budget=b, solver=solver, backend=backend,
                                       loss_fn=loss_fn, optimizer=optimizer, regional=regional, target=target)
                         eager = eager or uncompiled_blocks(model, ck, fc.compiled_parameter_ids)
+                        eager_blocks.update(eager)
                     base, peak = judge(fc)
                     baseline = base if baseline is None else baseline
                     if eager:  # traced really wrapped: those blocks ran eagerly, so the peak misses them

@@ -2,6 +2,7 @@
 sharing one graph whose partitions do not grow with depth; forecasts equal the measured step."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -128,8 +129,9 @@ class _Remembering(Block):
 
 
 def test_a_regional_block_that_mutates_an_object_is_not_emulated_and_says_why() -> None:
-    """Under torch.utils.checkpoint dynamo cannot keep the write in the checkpointed graph and
-    runs the block eagerly, so the emulation (which would plan it) is not used."""
+    """Under torch.utils.checkpoint dynamo traces the write apart from the checkpointed graph, and
+    the emulation is not exact for such blocks: it is not used, and says why (the search traces the
+    set with the blocks wrapped)."""
     torch.manual_seed(0)
     memo = _Memo()
     model, x = Stack([_Remembering(memo), _Remembering(memo)]), torch.randint(0, 128, (8, 64))
@@ -138,6 +140,46 @@ def test_a_regional_block_that_mutates_an_object_is_not_emulated_and_says_why() 
         grid = forecast_grid(model, (x,), budgets=(1.0,), checkpoint_sets=[(), _names(2)], regional=_names(2))
     assert grid[((), 1.0)].status == "ok"
     assert grid[(_names(2), 1.0)].status == "failed"
+
+
+def test_on_a_torch_that_runs_a_mutating_block_eagerly_under_checkpointing_no_set_with_it_is_a_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``skip_fwd_side_effects_in_bwd_under_checkpoint`` (a torch that lacks it), dynamo
+    runs a checkpointed block that writes to an object eagerly: the search traces ("blocks.1",)
+    with the block wrapped, finds it eager, and gives every larger set with it no plan without a
+    trace of its own (a block's graph is its own, whatever else is wrapped). With the setting, as
+    our compiled calls run, the same sets are plans."""
+    from lightning_memplan._torch import dynamo
+    from lightning_memplan.forecasting import grid as grid_mod
+    from lightning_memplan.planner.search import NOT_A_PLAN, search
+
+    sweeps: list[int] = []
+    orig = grid_mod.forecast_sweep
+
+    def counting(*a: Any, **k: Any) -> Any:
+        sweeps.append(1)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(grid_mod, "forecast_sweep", counting)
+    sets = ((), ("blocks.1",), _names(2))
+    x = torch.randint(0, 128, (8, 64))
+    for torch_has_it in (True, False):
+        if not torch_has_it:
+            monkeypatch.setattr(dynamo, "DYNAMO_SETTINGS", ("nested_graph_breaks",))
+        sweeps.clear()
+        torch.manual_seed(0)
+        model = Stack([_Remembering(_Memo()), _Remembering(_Memo())])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = search(model, (x,), budgets=(1.0, 0.5), checkpoint_sets=sets, remat_budgets=(),
+                          regional=_names(2)).plan
+        notes = {c.checkpoint: c.note for c in plan.candidates if c.checkpoint}
+        if torch_has_it:
+            assert sweeps == [1, 1] and all(c.peak_bytes is not None for c in plan.candidates), notes
+        else:
+            assert sweeps == [1], notes  # ("blocks.1",) traced wrapped; the set of both not traced
+            assert notes[("blocks.1",)].startswith(f"{NOT_A_PLAN}: dynamo runs blocks.1 eagerly"), notes
+            assert notes[_names(2)].startswith(f"{NOT_A_PLAN}: dynamo runs blocks.1 eagerly"), notes
 
 
 def test_every_plan_of_a_regional_sweep_is_forecast_as_its_own_compile() -> None:

@@ -180,8 +180,8 @@ def test_a_regional_plan_of_a_real_model_compiles_each_layer_on_its_own_and_is_f
     ``layer_idx`` (the KV cache's index), so each compiles a graph of its own, and its embedding and
     rotary table, called beside them in the frame that loops (which dynamo runs eagerly), compile on
     their own (without: 2.6% low). The search traces Llama's checkpoint sets with the layers really
-    wrapped, and dynamo runs a layer that appends to the KV cache eagerly under checkpointing: those
-    candidates are no plans (the search chose one, then dropped it with a warning). GPT-2's
+    wrapped (their attention sets a context variable: the emulation is not used), and they compile
+    (tests/zoo/test_checkpoint_zoo.py). GPT-2's
     embeddings are summed and dropped out in the frame that loops, eagerly: their outputs die there,
     the sum and dropout's mask live on, and the KV cache dies with the output object before the
     loss (without: 7.9% high)."""
