@@ -75,6 +75,9 @@ class RegionTrace:
     #: Whether the backward keeps one of the forward's activation inputs; when not, the previous
     #: region's outputs die once this forward has run (see :func:`stitch_step`).
     keeps_inputs: bool = True
+    #: Whether the backward keeps one of the inputs the eager code before this region made
+    #: (``fresh`` of :func:`stitch_step`); when not, they die once the last forward has run.
+    keeps_glue: bool = True
     #: Bytes of the backward's results that are parameters' gradients (the others are the
     #: gradients of its activation inputs, handed to the previous region).
     param_gradients: int = 0
@@ -207,6 +210,7 @@ def _take(pool: list[int], live: dict[int, AllocEvent], nbytes: int, device: str
 def stitch_step(
     regions: Sequence[RegionTrace], optimizer: Sequence[AllocEvent] | None = None,
     forward_freed: Mapping[int, Mapping[int, int]] | None = None, fresh: Sequence[int] = (),
+    fresh_saved: Sequence[int] = (),
 ) -> StepAllocations:
     """One training step's events with global (int) keys, laid out as the forecast's timeline.
 
@@ -225,8 +229,9 @@ def stitch_step(
     ``j``'s forward dropped (as :func:`~lightning_memplan.forecasting.layout.lay_out` takes it): its
     outputs, largest first, up to those bytes, are freed there.
     ``fresh[j]``: bytes made just before region ``j``'s forward (as ``inputs`` of ``lay_out``),
-    freed after its backward, or after the last forward when its backward keeps none of its
-    activation inputs.
+    freed after its backward, or after the last forward when its backward keeps none of them
+    (``keeps_glue``); ``fresh_saved[j]`` of them (what the eager ops that made them saved for
+    their backward) after its backward in any case.
     Everything still live at the end is freed. ``regions`` are in the order the step runs them, once
     per call.
 
@@ -272,11 +277,16 @@ def stitch_step(
     fw_results: list[dict[Hashable, int]] = []
     matched: dict[int, dict[Hashable, int | None]] = {}  # regions whose outputs died early
     left: dict[int, list[int]] = {}  # of those, the outputs not freed yet
-    glue_keys: dict[int, int] = {}  # region -> the key of its fresh bytes
+    glue_keys: dict[int, int] = {}  # region -> the key of its fresh bytes (but those saved)
+    saved_keys: dict[int, int] = {}  # region -> the key of the fresh bytes eager ops saved
     for j, r in enumerate(regions):
-        if j < len(fresh) and fresh[j]:
-            device = next((e.device for e in (*r.forward.inputs, *r.forward.events)), "cuda")
-            glue_keys[j] = alloc(AllocEvent("alloc", None, fresh[j], device))
+        made = fresh[j] if j < len(fresh) else 0
+        kept = min(made, fresh_saved[j] if j < len(fresh_saved) else 0)
+        device = next((e.device for e in (*r.forward.inputs, *r.forward.events)), "cuda")
+        if made > kept:
+            glue_keys[j] = alloc(AllocEvent("alloc", None, made - kept, device))
+        if kept:
+            saved_keys[j] = alloc(AllocEvent("alloc", None, kept, device))
         mapping: dict[Hashable, int] = {e.key: alloc(e) for e in r.forward.inputs}
         run(r.forward.events, mapping)
         fw_results.append(mapping)
@@ -299,7 +309,7 @@ def stitch_step(
                     _free_all(out, live, (g,))
 
     for j, r in enumerate(regions):
-        if j in glue_keys and not r.keeps_inputs:  # only the eager code referred to them: gone before the backward
+        if j in glue_keys and not r.keeps_glue:  # only the eager code referred to them: gone before the backward
             _free_all(out, live, (glue_keys.pop(j),))
     grads: list[int] = []  # every gradient still live
     returned: list[int] = []  # what the previous backward returned
@@ -345,8 +355,8 @@ def stitch_step(
         returned = [g for g in mapping.values() if g in live and g in made]
         returned_params = r.param_gradients
         grads += returned
-        if k in glue_keys:  # what the eager code made before this forward dies after its backward
-            _free_all(out, live, (glue_keys.pop(k),))
+        # what the eager code made before this forward dies after its backward
+        _free_all(out, live, [keys.pop(k) for keys in (glue_keys, saved_keys) if k in keys])
         if r.grad_copy:
             tmp = alloc(AllocEvent("alloc", None, r.grad_copy, _device_of(returned, live)))
             _free_all(out, live, (tmp,))

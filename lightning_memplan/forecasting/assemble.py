@@ -129,6 +129,7 @@ def assemble_forecast(run: CompiledStep, plan: PlanCapture, *, opt_mem: Optimize
     run_early: dict[int, dict[int, int]] = {}
     run_forward: dict[int, dict[int, int]] = {}
     run_glue: tuple[int, ...] = ()
+    run_kept: tuple[int, ...] = ()
     if region_plans:
         order = run_order(region_plans, run.executions)
         device = run.params[0].device.type if run.params else "cpu"
@@ -137,17 +138,19 @@ def assemble_forecast(run: CompiledStep, plan: PlanCapture, *, opt_mem: Optimize
         run_early = _run_early(region_plans, run.executions, run.early) if run.executions else {}
         run_forward = _run_early(region_plans, run.executions, run.forward_frees) if run.executions else {}
         run_glue = _run_glue(region_plans, run.executions, run.glue) if run.executions else ()
+        run_kept = _run_glue(region_plans, run.executions, run.glue_saved) if run.executions else ()
         if run.fsdp is not None and overlay and not run_early:
             run_early = _fsdp_unit_chain_early(run.fsdp, order, run.executions, run.owners)
         timeline, peak, (acts, grads, temps, fsdp_bytes) = lay_out(order, opt_mem, overlay=overlay, early=run_early,
-                                                                   forward_freed=run_forward, inputs=run_glue)
+                                                                   forward_freed=run_forward, inputs=run_glue,
+                                                                   inputs_saved=run_kept)
         requested = peak
         breakdown = MemoryBreakdown(**baseline, activations=acts, gradients=grads, optimizer_temporaries=temps,
                                     fsdp_buffers=fsdp_bytes)
         # the allocation stream does not model outputs dying in a later backward (run_early): where
         # that lowers the peak, the two disagree and the allocator model is not run
         allocations = None if overlay else _allocations(order, opt_mem, [s for v in storages.values() for s in v], run_forward,
-                                                       run_glue)
+                                                       run_glue, run_kept)
         consistent = allocations is not None and allocations.requested_peak_bytes == requested
         if allocations is not None and not consistent and device == "cuda":  # only CUDA reads the stream
             problems.append(f"the step's allocations peak at {allocations.requested_peak_bytes} bytes, the "
@@ -173,15 +176,17 @@ def assemble_forecast(run: CompiledStep, plan: PlanCapture, *, opt_mem: Optimize
         problems=tuple(problems), optimizer=opt_mem, solver_estimate_bytes=solver_est,
         compile_seconds=run.compile_seconds, overhead_seconds=overhead, _step=plan.step, _backend=plan.backend,
         _parts=StepParts(plans=tuple(region_plans), executions=run.executions, optimizer=opt_mem, overlay=overlay,
-                         early=run_early, forward_freed=run_forward, glue=run_glue),
+                         early=run_early, forward_freed=run_forward, glue=run_glue,
+                         glue_saved=run_kept),
     )
 
 
 def _allocations(plans: list[RegionPlan], opt: OptimizerMemory | None, baseline: list[tuple[int, str]],
-                 forward_freed: Mapping[int, Mapping[int, int]], glue: Sequence[int]) -> StepAllocations | None:
+                 forward_freed: Mapping[int, Mapping[int, int]], glue: Sequence[int],
+                 glue_saved: Sequence[int]) -> StepAllocations | None:
     """The step's allocations (``plans`` in run order, ``baseline``: (bytes, device) of the storages
     live before the step; ``forward_freed``: outputs dropped in the forward, ``glue``: bytes the
-    eager code made before each forward, by run position),
+    eager code made before each forward, by run position, ``glue_saved`` of them saved by its ops),
     stitched as :func:`~lightning_memplan.forecasting.layout.lay_out` lays the timeline out;
     ``None`` when a region has no per-storage trace."""
     if any(p.trace is None for p in plans):
@@ -189,7 +194,7 @@ def _allocations(plans: list[RegionPlan], opt: OptimizerMemory | None, baseline:
     existing = opt is not None and opt.state_source == "existing"
     state = opt.state_storages if opt is not None else ()
     step = stitch_step([p.trace for p in plans if p.trace is not None], opt.step_events if opt is not None else None,
-                       forward_freed, glue)
+                       forward_freed, glue, glue_saved)
     return dataclasses.replace(step, baseline=(*baseline, *(state if existing else ())),
                                new_state=() if existing else state)
 

@@ -145,6 +145,10 @@ class MemplanBackend:
         #: compiled on their own) and the tensors those ops saved (dropout's mask), each storage
         #: once in the step. Positions index ``executions``.
         self.glue: dict[int, int] = {}
+        #: Of :attr:`glue`, the bytes those eager ops saved for their backward (dropout's mask; an
+        #: input they also saved): live until their backward runs, after the call's backward,
+        #: whatever the call's own backward keeps. Positions index ``executions``.
+        self.glue_saved: dict[int, int] = {}
         #: Storage keys never counted as glue: the step's inputs, parameters and buffers (set by
         #: the caller before recording).
         self.step_storages: set[int] = set()
@@ -167,6 +171,7 @@ class MemplanBackend:
         self.early_frees.clear()
         self.forward_frees.clear()
         self.glue.clear()
+        self.glue_saved.clear()
         self._glue_storages.clear()
         self._glue_nodes.clear()
         self._output_keys.clear()
@@ -256,10 +261,8 @@ class MemplanBackend:
         region = RegionCapture(index=len(self.regions))
         region.param_inputs = tuple(not isinstance(e, torch.Tensor) or isinstance(e, nn.Parameter)
                                     for e in example_inputs)
-        if self.recording:  # the outputs of the step's earlier region calls, still live
-            earlier = {ref.cdata for outs in self._position_outputs.values() for ref, _ in outs if not ref.expired()}
-            region.chain_inputs = tuple(isinstance(e, torch.Tensor) and not isinstance(e, nn.Parameter)
-                                        and storage_key(e) in earlier for e in example_inputs)
+        if self.recording:
+            region.chain_inputs = self._chained(example_inputs)
         trainable = {storage_key(e): e.untyped_storage().nbytes() for e in example_inputs
                      if isinstance(e, nn.Parameter) and e.requires_grad}
         region.param_grad_bytes = int(sum(trainable.values()))
@@ -291,6 +294,13 @@ class MemplanBackend:
                 region.compile_seconds += time.perf_counter() - t0
         return self._counted(compiled, region.index) if self.capture else compiled
 
+    def _chained(self, inputs: Sequence[Any]) -> tuple[bool, ...]:
+        """Per input: whether it is a tensor (not a parameter) whose storage is an output of one of
+        the step's earlier region calls, still live."""
+        earlier = {ref.cdata for outs in self._position_outputs.values() for ref, _ in outs if not ref.expired()}
+        return tuple(isinstance(e, torch.Tensor) and not isinstance(e, nn.Parameter) and storage_key(e) in earlier
+                     for e in inputs)
+
     def _counted(self, fn: Callable[..., Any], index: int) -> Callable[..., Any]:
         """``fn`` (region ``index``'s compiled forward), appending ``index`` to ``executions`` at
         each call while ``recording``."""
@@ -309,6 +319,11 @@ class MemplanBackend:
             executions.append(index)
             owners.append(self.call_owner() if self.call_owner is not None else None)
             region = self.regions[index]  # a graph that serves several blocks reads each block's parameters
+            if region.chain_inputs is not None and len(region.chain_inputs) == len(args):
+                # an input fed by an earlier call in any call of the graph (a block's hidden state,
+                # made by eager code before the first block, by a block before the others)
+                chained = self._chained(args)
+                region.chain_inputs = tuple(a or b for a, b in zip(region.chain_inputs, chained))
             read = [(pos, id(a)) for pos, a in enumerate(args) if isinstance(a, nn.Parameter) and a.requires_grad]
             self.call_params.append(frozenset(i for _, i in read))
             region.param_ids = region.param_ids | {i for _, i in read}
@@ -338,24 +353,23 @@ class MemplanBackend:
         """Record in :attr:`glue` the bytes the eager code before the forward call at ``position``
         made that autograd holds: the call's tensor arguments computed by eager autograd ops (a
         ``grad_fn`` that is no compiled region's), and the tensors saved by the eager autograd nodes
-        below them, down to the compiled regions' nodes. Parameters, the step's inputs and buffers
+        below them, down to the compiled regions' nodes; in :attr:`glue_saved` the bytes of those
+        saved (an argument among them counted there). Parameters, the step's inputs and buffers
         (:attr:`step_storages`), the regions' outputs and storages counted before are left out."""
         seen, nodes, skip = self._glue_storages, self._glue_nodes, self.step_storages | self._output_keys
-        total = 0
+        made: dict[int, int] = {}  # storage key -> bytes, the arguments computed eagerly
+        saved: dict[int, int] = {}  # storage key -> bytes, what the eager nodes saved
 
-        def count(t: torch.Tensor) -> None:
-            nonlocal total
+        def note(t: torch.Tensor, into: dict[int, int]) -> None:
             key = storage_key(t)
-            if isinstance(t, nn.Parameter) or key in skip or key in seen:
-                return
-            seen.add(key)
-            total += int(t.untyped_storage().nbytes())
+            if not isinstance(t, nn.Parameter) and key not in skip and key not in seen:
+                into[key] = int(t.untyped_storage().nbytes())
 
         stack = []
         for a in args:
             if (isinstance(a, torch.Tensor) and a.grad_fn is not None
                     and "CompiledFunction" not in a.grad_fn.name()):
-                count(a)
+                note(a, made)
                 stack.append(a.grad_fn)
         while stack:
             node = stack.pop()
@@ -363,10 +377,15 @@ class MemplanBackend:
                 continue
             nodes.add(id(node))
             for t in saved_tensors_of(node):
-                count(t)
+                note(t, saved)
             stack.extend(n for n, _ in node.next_functions)
+        seen.update(made, saved)
+        kept = sum(saved.values())
+        total = kept + sum(n for key, n in made.items() if key not in saved)
         if total:
             self.glue[position] = self.glue.get(position, 0) + total
+        if kept:
+            self.glue_saved[position] = self.glue_saved.get(position, 0) + kept
 
     def _watch_outputs(self, position: int, out: Any) -> None:
         """Note the storages of the outputs of the region call at ``position`` (:attr:`forward_frees`

@@ -166,7 +166,8 @@ class RegionCapture:
     #: activation; ``None`` when unknown.
     param_inputs: tuple[bool, ...] | None = None
     #: Per graph input (in order): whether its storage is an output of an earlier region call of
-    #: the same step (seen at the compile, while the backend recorded); ``None`` when unknown.
+    #: the same step, in any recorded call of the graph (seen at the compile and at each call while
+    #: the backend recorded); ``None`` when unknown.
     chain_inputs: tuple[bool, ...] | None = None
     #: Bytes of the trainable parameters among the graph inputs (unique storages): the gradients
     #: the backward returns for them; and the largest one's.

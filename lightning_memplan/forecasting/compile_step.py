@@ -60,6 +60,8 @@ class CompiledStep:
     #: ``{position: bytes}`` the eager code before a call made and autograd held at it
     #: (:attr:`MemplanBackend.glue`).
     glue: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    #: Of ``glue``, what the eager ops saved for their backward (:attr:`MemplanBackend.glue_saved`).
+    glue_saved: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
 
 def _make_loss(model: nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None) -> Callable[..., torch.Tensor]:
@@ -162,7 +164,8 @@ def compile_step(
     return CompiledStep(model=model, inputs=inputs, optimizer=optimizer, params=tuple(params), step=step,
                         compile_seconds=seconds, fsdp=fsdp, executions=tuple(be.executions),
                         owners=tuple(be.owners), early=dict(be.early_frees), call_params=tuple(be.call_params),
-                        forward_frees=dict(be.forward_frees), glue=dict(be.glue))
+                        forward_frees=dict(be.forward_frees), glue=dict(be.glue),
+                        glue_saved=dict(be.glue_saved))
 
 
 def _forward_state(model: nn.Module) -> list[tuple[int, str, int]]:

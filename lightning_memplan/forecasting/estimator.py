@@ -356,6 +356,9 @@ class RegionMemory:
     #: Whether the backward reads one of the forward's activation inputs (an input that is not a
     #: parameter; it then stays live until this backward); ``None`` when unknown.
     saves_activation_inputs: bool | None = None
+    #: Whether the backward reads one of the forward's ``other_inputs`` (see :func:`profile_region`);
+    #: ``None`` when unknown or none were named.
+    saves_other_inputs: bool | None = None
     #: Storage keys of the backward's incoming gradients (among ``bw.inputs``).
     tangent_keys: frozenset[int] = frozenset()
     #: Names of the backward's nodes that read an incoming gradient's storage (views included).
@@ -398,6 +401,7 @@ def profile_region(
     devices: Collection[str] | None = None,
     workspace: Callable[[fx.Node], int] | None = None,
     activation_inputs: Collection[str] | None = None,
+    other_inputs: Collection[str] | None = None,
 ) -> RegionMemory:
     """Profile a partitioned forward graph and its backward graph together.
 
@@ -410,7 +414,8 @@ def profile_region(
     re-ran), names decide: ``primals_*`` baseline, ``tangents_*`` tangent, others saved.
     ``workspace`` gives kernel scratch bytes per node (see :class:`MemoryReplay`).
     ``activation_inputs``: names of the forward's placeholders that are activations (not
-    parameters), to tell whether the backward keeps one (``saves_activation_inputs``).
+    parameters), to tell whether the backward keeps one (``saves_activation_inputs``); likewise
+    ``other_inputs`` (``saves_other_inputs``).
     """
     fws = GraphStorages(fw_graph)
     fw = profile_graph(fw_graph, devices=devices, storages=fws, workspace=workspace)
@@ -445,14 +450,19 @@ def profile_region(
         keys = st.keys_of(names) & st.input_keys
         return sum(st.nbytes[k] for k in keys if devices is None or st.device[k] in devices)
 
+    def saved_of(names: Collection[str]) -> set[int]:
+        keys = fws.keys_of(names) & fws.input_keys
+        return {k for p in placeholders if p.name not in tangents for k in set(bws.produced[p.name]) & keys}
+
     saves_acts: bool | None = None
+    saves_others: bool | None = None
     act_readers: frozenset[str] = frozenset()
     if activation_inputs is not None and shared:
-        act_keys = fws.keys_of(activation_inputs) & fws.input_keys
-        saved_acts = {k for p in placeholders if p.name not in tangents
-                      for k in set(bws.produced[p.name]) & act_keys}
+        saved_acts = saved_of(activation_inputs)
         saves_acts = bool(saved_acts)
         act_readers = frozenset(n for k in saved_acts for n in bws.readers.get(k, ()) if n != "output")
+    if other_inputs and shared:
+        saves_others = bool(saved_of(other_inputs))
     tangent_keys = bws.keys_of(tangents) & bws.input_keys
     copies = [
         t.numel() * t.element_size()
@@ -473,5 +483,6 @@ def profile_region(
         tangent_readers=frozenset(n for k in tangent_keys for n in bws.readers.get(k, ()) if n != "output"),
         tangent_views=_tangent_views(bw_graph, bws, tangent_keys),
         saves_activation_inputs=saves_acts,
+        saves_other_inputs=saves_others,
         activation_input_readers=act_readers,
     )

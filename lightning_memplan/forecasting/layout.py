@@ -87,6 +87,9 @@ class StepParts:
     #: computed eagerly, what the eager ops saved), by position in :func:`run_order`'s run (laid
     #: out as ``inputs`` of :func:`lay_out`); empty: none.
     glue: tuple[int, ...] = ()
+    #: Of ``glue``, the bytes the eager ops saved for their backward (``inputs_saved`` of
+    #: :func:`lay_out`); empty: none.
+    glue_saved: tuple[int, ...] = ()
 
 
 def run_order(plans: Sequence[RegionPlan], executions: Sequence[int]) -> list[RegionPlan]:
@@ -99,7 +102,7 @@ def run_order(plans: Sequence[RegionPlan], executions: Sequence[int]) -> list[Re
 
 def lay_out(
     plans: list[RegionPlan], opt: OptimizerMemory | None, *, ends: frozenset[int] | None = None,
-    accumulate: Sequence[int] = (), inputs: Sequence[int] = (),
+    accumulate: Sequence[int] = (), inputs: Sequence[int] = (), inputs_saved: Sequence[int] = (),
     overlay: Mapping[Point, Sequence[FsdpEvent]] | None = None,
     bw_hold: Mapping[int, int] | None = None,
     bw_views: Mapping[int, Sequence[tuple[int, int]]] | None = None,
@@ -127,9 +130,11 @@ def lay_out(
     backward's end; then the new ones are freed.
     ``inputs[j]``: bytes of fresh inputs made just before position ``j``'s forward (another view of
     the batch for a later call; what eager code between regions made, :attr:`StepParts.glue`),
-    live until its backward has run (default 0); when that region's backward keeps none of its
-    activation inputs (it saved a cast or a product of them, as under autocast), only
-    ``training_step`` refers to them, and they die when it returns, before the backward.
+    live until its backward has run (default 0); when that region's backward keeps none of them
+    (``keeps_glue``: it saved a cast or a product of them, as under autocast), only
+    ``training_step`` refers to them, and they die when it returns, before the backward; but for
+    ``inputs_saved[j]`` of them (default 0), what the eager ops that made them saved for their
+    own backward (dropout's mask): those live until position ``j``'s backward has run.
 
     ``overlay``: allocations and frees of others at points of the step (FSDP's buffers,
     :func:`~lightning_memplan.core.fsdp_memory.fsdp_step_events`; the eager loss,
@@ -161,6 +166,7 @@ def lay_out(
     ends = frozenset({len(plans) - 1}) if ends is None else ends
     acc = list(accumulate) + [0] * (len(plans) - len(accumulate))
     fresh = list(inputs) + [0] * (len(plans) - len(inputs))
+    kept = list(inputs_saved) + [0] * (len(plans) - len(inputs_saved))
     timeline: list[TimelineStep] = []
     best = PeakTracker()
     offset = 0
@@ -211,9 +217,10 @@ def lay_out(
         if freed:
             timeline.append(TimelineStep(phase="forward", region=p.index, node="eager_outputs_freed", bytes=offset))
     for j, p in enumerate(plans):
-        if fresh[j] and not p.keeps_inputs:  # freed when training_step returns
-            offset -= fresh[j]
-            fresh[j] = 0
+        if fresh[j] and not p.keeps_glue:  # freed when training_step returns, but what eager ops saved
+            gone = max(0, fresh[j] - kept[j])
+            offset -= gone
+            fresh[j] -= gone
     produced = 0  # gradients of activations the previous backward returned
     for i, p in enumerate(reversed(plans)):
         pos = len(plans) - 1 - i
@@ -332,12 +339,15 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
     ends = [starts[c + 1] - 1 for c in range(n)]
     acc = [p.param_gradients if j < starts[n - 1] else 0 for j, p in enumerate(seq)]
     fresh = [0] * len(seq)
+    kept = [0] * len(seq)
     for c in range(1, n):
         fresh[starts[c]] = extra[c - 1]
     fresh[0] += made
     for c, parts in enumerate(calls):  # what each call's eager code made before its regions
         for j, nbytes in enumerate(parts.glue[:len(ones[c])]):
             fresh[starts[c] + j] += nbytes
+        for j, nbytes in enumerate(parts.glue_saved[:len(ones[c])]):
+            kept[starts[c] + j] += nbytes
     events: dict[Point, list[FsdpEvent]] = {k: list(v) for k, v in first.overlay.items()} if n == 1 else {}
     hold: dict[int, int] = {}
     views: dict[int, list[tuple[int, int]]] = {}
@@ -373,8 +383,8 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
     # outputs the eager code between two region calls of one call of the model dropped
     forward = {starts[c] + j: {starts[c] + i: b for i, b in by.items()}
                for c, parts in enumerate(calls) for j, by in parts.forward_freed.items()}
-    return lay_out(seq, first.optimizer, ends=frozenset(ends), accumulate=acc, inputs=fresh, overlay=events,
-                   bw_hold=hold, bw_views=views, early=run_early, eager_freed=freed, forward_freed=forward)
+    return lay_out(seq, first.optimizer, ends=frozenset(ends), accumulate=acc, inputs=fresh, inputs_saved=kept,
+                   overlay=events, bw_hold=hold, bw_views=views, early=run_early, eager_freed=freed, forward_freed=forward)
 
 
 def _stand_in_of_its_own(loss: EagerLoss, run: Sequence[RegionPlan]) -> bool:

@@ -72,6 +72,10 @@ class RegionPlan:
     #: loss closes over, is live anyway). When it keeps none, the previous region's outputs die once
     #: this forward has run (see :func:`~lightning_memplan.forecasting.layout.lay_out`).
     keeps_inputs: bool = True
+    #: Whether the backward keeps one of the activation inputs the eager code before this region
+    #: made (``inputs`` of :func:`~lightning_memplan.forecasting.layout.lay_out`; unknown: ``True``);
+    #: of a call's first region, ``keeps_inputs``.
+    keeps_glue: bool = True
     #: Of ``gradients``, the bytes of the parameters' gradients, and the largest one's (see
     #: :meth:`~lightning_memplan.forecasting.result.Forecast.repeated`).
     param_gradients: int = 0
@@ -105,12 +109,16 @@ def region_memory(region: RegionCapture, every_op: bool) -> RegionMemory:
     flags, chain = region.param_inputs, region.chain_inputs
     acts = ([name for name, is_param in zip(holders, flags) if not is_param]
             if flags is not None and len(flags) == len(holders) else None)
+    others: list[str] | None = None
     if chain is not None and len(chain) == len(holders) and any(chain):
         # a region fed by an earlier one: whether it keeps those outputs (the batch or a tensor
-        # the loss closes over, also inputs, live anyway); a call's first region: its inputs
+        # the loss closes over, also inputs, live anyway); a call's first region: its inputs.
+        # Apart: whether it keeps one of its other activation inputs (what eager code made)
+        others = [name for name in acts or () if not chain[holders.index(name)]]
         acts = [name for name, earlier in zip(holders, chain) if earlier]
     return profile_region(region.fw_graph.graph, region.bw_graph.graph if region.bw_graph is not None else None,
-                          workspace=functools.partial(probe_workspace, every_op=every_op), activation_inputs=acts)
+                          workspace=functools.partial(probe_workspace, every_op=every_op), activation_inputs=acts,
+                          other_inputs=others)
 
 
 def _workspaces(est: ScheduleEstimate, gm: torch.fx.GraphModule | None, shift: int) -> dict[int, tuple[int, str]]:
@@ -166,6 +174,7 @@ def region_plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -
     scheduler's estimate (``"inductor_scheduler"``), else the FX profile (``"fx"``)."""
     bw = mem.bw
     keeps = mem.saves_activation_inputs is not False
+    keeps_glue = keeps if mem.saves_other_inputs is None else mem.saves_other_inputs
     fx_plan = RegionPlan(
         index=region.index, method="fx",
         fw_nodes=mem.fw.order, fw_timeline=mem.fw.timeline or (0,), fw_retained=mem.fw_retained_bytes,
@@ -179,9 +188,9 @@ def region_plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -
             forward=GraphTrace(inputs=mem.fw.inputs, events=mem.fw.events),
             backward=(GraphTrace(inputs=bw.inputs, tangent_keys=frozenset(mem.tangent_keys), events=bw.events)
                       if bw is not None else None),
-            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps,
+            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps, keeps_glue=keeps_glue,
             param_gradients=min(region.param_grad_bytes, mem.gradient_bytes)),
-        keeps_inputs=keeps,
+        keeps_inputs=keeps, keeps_glue=keeps_glue,
         param_gradients=min(region.param_grad_bytes, mem.gradient_bytes),
         largest_param_gradient=min(region.param_grad_max, mem.gradient_bytes),
     )
@@ -215,7 +224,7 @@ def region_plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -
     if method == "inductor_wrapper":
         trace = RegionTrace(forward=_wrapper_trace(fs, fw_ws, "fw"),
                             backward=_wrapper_trace(bs, bw_ws, "bw") if bs is not None else None,
-                            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps,
+                            grad_copy=mem.grad_copy_bytes, keeps_inputs=keeps, keeps_glue=keeps_glue,
                             param_gradients=fx_plan.param_gradients)
     return RegionPlan(
         index=region.index, method=method,
@@ -230,7 +239,7 @@ def region_plan(region: RegionCapture, mem: RegionMemory, use_scheduler: bool) -
         tangents_in_timeline=method == "inductor_wrapper",
         grad_copy=mem.grad_copy_bytes,
         trace=trace,
-        keeps_inputs=keeps,
+        keeps_inputs=keeps, keeps_glue=keeps_glue,
         param_gradients=fx_plan.param_gradients,
         largest_param_gradient=fx_plan.largest_param_gradient,
         tangent_last_use=_last_step_reading(bs, readers, shift) if bs is not None else None,
