@@ -207,6 +207,13 @@ def _take(pool: list[int], live: dict[int, AllocEvent], nbytes: int, device: str
     return None
 
 
+def held_past(forward_freed: Mapping[int, Mapping[int, int]] | None, j: int) -> frozenset[int]:
+    """Positions whose outputs eager code was seen holding past position ``j``'s forward (a frame
+    that names them, as a causal LM's ``hidden_states`` through its loss): ``forward_freed``, as
+    :func:`stitch_step` takes it, has them die after a later forward."""
+    return frozenset(i for k, by in (forward_freed or {}).items() if k > j for i in by)
+
+
 def stitch_step(
     regions: Sequence[RegionTrace], optimizer: Sequence[AllocEvent] | None = None,
     forward_freed: Mapping[int, Mapping[int, int]] | None = None, fresh: Sequence[int] = (),
@@ -218,7 +225,8 @@ def stitch_step(
     saved activations are its forward's results (same key, else same size and device); its other
     forward results (the outputs region ``r + 1`` consumed) are freed when its backward starts,
     except in the last region (the loss stays), or as soon as region ``r + 1``'s forward has run
-    when that region keeps none of its activation inputs (``keeps_inputs``). Its incoming gradients
+    when that region keeps none of its activation inputs (``keeps_inputs``) and eager code was not
+    seen holding them longer (:func:`held_past`). Its incoming gradients
     are the blocks the previous backward returned (same size), else allocated fresh at the start
     (the loss's gradient). A backward's new results are gradients; they live until ``zero_grad``
     after the ``optimizer`` events (local keys), or until the step ends. A returned block no
@@ -291,7 +299,8 @@ def stitch_step(
         run(r.forward.events, mapping)
         fw_results.append(mapping)
         prev = regions[j - 1] if j else None
-        if prev is not None and prev.backward is not None and not r.keeps_inputs:
+        if (prev is not None and prev.backward is not None and not r.keeps_inputs
+                and j - 1 not in held_past(forward_freed, j)):
             # this backward keeps none of its activation inputs: the previous outputs die now
             if j - 1 not in matched:
                 matched[j - 1], left[j - 1] = saved_of(prev, fw_results[j - 1])

@@ -153,6 +153,8 @@ class MemplanBackend:
         #: the caller before recording).
         self.step_storages: set[int] = set()
         self._glue_storages: set[int] = set()  # storage keys counted as glue
+        #: Arguments needing no gradient, not yet counted (:meth:`settle_glue`): (position, weakref, bytes).
+        self._glue_loose: list[tuple[int, Any, int]] = []
         self._glue_nodes: set[int] = set()  # ids of the eager autograd nodes walked
         self._output_keys: set[int] = set()  # storage keys of every recorded call's outputs
         self._forward_open = True  # no backward node of the recorded run has started yet
@@ -173,6 +175,7 @@ class MemplanBackend:
         self.glue.clear()
         self.glue_saved.clear()
         self._glue_storages.clear()
+        self._glue_loose.clear()
         self._glue_nodes.clear()
         self._output_keys.clear()
         self._forward_open = True
@@ -355,7 +358,9 @@ class MemplanBackend:
         ``grad_fn`` that is no compiled region's), and the tensors saved by the eager autograd nodes
         below them, down to the compiled regions' nodes; in :attr:`glue_saved` the bytes of those
         saved (an argument among them counted there). Parameters, the step's inputs and buffers
-        (:attr:`step_storages`), the regions' outputs and storages counted before are left out."""
+        (:attr:`step_storages`), the regions' outputs and storages counted before are left out. An
+        argument that needs no gradient and no autograd op made is counted by :meth:`settle_glue`,
+        once the step has run, if it died with the step."""
         seen, nodes, skip = self._glue_storages, self._glue_nodes, self.step_storages | self._output_keys
         made: dict[int, int] = {}  # storage key -> bytes, the arguments computed eagerly
         saved: dict[int, int] = {}  # storage key -> bytes, what the eager nodes saved
@@ -367,10 +372,19 @@ class MemplanBackend:
 
         stack = []
         for a in args:
-            if (isinstance(a, torch.Tensor) and a.grad_fn is not None
-                    and "CompiledFunction" not in a.grad_fn.name()):
+            if not isinstance(a, torch.Tensor):
+                continue
+            if a.grad_fn is not None and "CompiledFunction" not in a.grad_fn.name():
                 note(a, made)
                 stack.append(a.grad_fn)
+            elif a.grad_fn is None and not a.requires_grad:
+                # needs no gradient (made from frozen parameters, or no autograd op at all): eager
+                # code's if it dies with the step, a tensor the model keeps if not (settle_glue)
+                loose: dict[int, int] = {}
+                note(a, loose)
+                if loose:
+                    self._glue_loose.append((position, storage_weakref(a), sum(loose.values())))
+                    seen.update(loose)
         while stack:
             node = stack.pop()
             if node is None or id(node) in nodes or "CompiledFunction" in node.name():
@@ -386,6 +400,16 @@ class MemplanBackend:
             self.glue[position] = self.glue.get(position, 0) + total
         if kept:
             self.glue_saved[position] = self.glue_saved.get(position, 0) + kept
+
+    def settle_glue(self) -> None:
+        """Count in :attr:`glue` the arguments :meth:`_note_glue` left open (needing no gradient,
+        made by no autograd op) whose storage is gone now that the recorded step has run: the eager
+        code made them (a frozen embedding's output dropped out), where a tensor the model keeps
+        between steps (a cache in a plain attribute) is still live and not counted."""
+        for position, ref, n in self._glue_loose:
+            if ref.expired():
+                self.glue[position] = self.glue.get(position, 0) + n
+        self._glue_loose.clear()
 
     def _watch_outputs(self, position: int, out: Any) -> None:
         """Note the storages of the outputs of the region call at ``position`` (:attr:`forward_frees`

@@ -158,6 +158,7 @@ def compile_step(
                     # the forecast lays out (be.executions)
                     be.clear_recording()
                     _backward_without_hooks(compiled(*inputs), [*params, *inputs])
+                be.settle_glue()  # the step has run: what the eager code made is gone
     finally:
         be.recording = False
     seconds = time.perf_counter() - t0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from lightning_memplan.core.fsdp_memory import Event as FsdpEvent
 from lightning_memplan.core.fsdp_memory import Point
+from lightning_memplan.forecasting.allocations import held_past
 from lightning_memplan.forecasting.eager_loss import EagerLoss, eager_loss_events
 from lightning_memplan.forecasting.optim_memory import OptimizerMemory
 from lightning_memplan.forecasting.regions import RegionPlan
@@ -116,7 +117,8 @@ def lay_out(
     ``r``'s user outputs feed region ``r + 1`` and live until region ``r``'s backward starts, unless
     region ``r + 1``'s backward keeps none of its activation inputs (``keeps_inputs``): then nothing
     holds them once ``r + 1``'s forward has run (the Python frame between two graph breaks inside a
-    block ends), and they die there. The gradients region ``r + 1``'s backward returned are region
+    block ends), and they die there, unless ``forward_freed`` has them die after a later forward
+    (eager code holds them longer). The gradients region ``r + 1``'s backward returned are region
     ``r``'s tangents (handed over, up to the activations' gradients it returned: more or fewer when
     uncompiled code ran between the two regions; a non-contiguous one is copied by AOTAutograd, so
     counted again). The last region's outputs (the loss) stay. After each backward, a
@@ -192,7 +194,8 @@ def lay_out(
             timeline.append(TimelineStep(phase="forward", region=p.index, node=node, bytes=offset + b))
         best.see(offset + max(p.fw_timeline), gradients=grads, fsdp=fsdp)
         offset += p.fw_retained
-        if j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline and j - 1 not in ends:
+        if (j > 0 and not p.keeps_inputs and plans[j - 1].bw_timeline and j - 1 not in ends
+                and j - 1 not in held_past(forward_freed, j)):
             dropped[j - 1] = True
             offset -= max(0, plans[j - 1].fw_retained - plans[j - 1].saved - freed_early[j - 1])
         cuts = {i: min(n, max(0, plans[i].fw_retained - plans[i].saved - freed_early[i]))
@@ -384,7 +387,8 @@ def lay_out_calls(calls: Sequence[StepParts], *, extra: Sequence[int] = (), loss
     forward = {starts[c] + j: {starts[c] + i: b for i, b in by.items()}
                for c, parts in enumerate(calls) for j, by in parts.forward_freed.items()}
     return lay_out(seq, first.optimizer, ends=frozenset(ends), accumulate=acc, inputs=fresh, inputs_saved=kept,
-                   overlay=events, bw_hold=hold, bw_views=views, early=run_early, eager_freed=freed, forward_freed=forward)
+                   overlay=events, bw_hold=hold, bw_views=views, early=run_early, eager_freed=freed,
+                   forward_freed=forward)
 
 
 def _stand_in_of_its_own(loss: EagerLoss, run: Sequence[RegionPlan]) -> bool:

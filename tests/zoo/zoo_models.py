@@ -197,3 +197,57 @@ class ZooModule(LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(ZooData(self.task), batch_size=BATCH)
+
+
+#: Ways users train beside their training_step: ``"own_ckpt"`` (transformers' own
+#: ``gradient_checkpointing_enable()``), ``"accumulate"`` (``accumulate_grad_batches=2``),
+#: ``"bf16"`` (``precision="bf16-mixed"``), ``"lora"`` (every base parameter frozen, a low-rank
+#: adapter on the attention's query and value projections).
+OPTIONS = ("own_ckpt", "accumulate", "bf16", "lora")
+
+
+class LowRankAdapter(nn.Module):
+    """``base(x) + x A^T B^T`` with ``A``: (rank, n_in) and ``B``: (n_out, rank), ``B`` zero at the start
+    (the adapted layer computes what ``base`` does until ``B`` trains); ``base`` a ``nn.Linear`` or
+    transformers' ``Conv1D`` (GPT-2's fused query-key-value projection, weight (n_in, n_out))."""
+
+    def __init__(self, base: nn.Module, n_in: int, n_out: int, rank: int = 4) -> None:
+        super().__init__()
+        self.base = base
+        self.a = nn.Parameter(torch.randn(rank, n_in) * 0.01)
+        self.b = nn.Parameter(torch.zeros(n_out, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.a.t()) @ self.b.t()
+
+
+_ADAPTED = ("q_proj", "v_proj", "query", "value", "c_attn")
+
+
+def add_adapters(model: nn.Module) -> int:
+    """Freeze every parameter of ``model`` and wrap its attention's query and value projections
+    (:data:`_ADAPTED`) in a :class:`LowRankAdapter`; the number wrapped (0: none found)."""
+    model.requires_grad_(False)
+    wrapped = 0
+    for sub in list(model.modules()):
+        for attr in _ADAPTED:
+            layer = getattr(sub, attr, None)
+            if isinstance(layer, nn.Linear):
+                setattr(sub, attr, LowRankAdapter(layer, layer.in_features, layer.out_features))
+            elif type(layer).__name__ == "Conv1D" and isinstance(getattr(layer, "weight", None), torch.Tensor):
+                setattr(sub, attr, LowRankAdapter(layer, *layer.weight.shape))
+            else:
+                continue
+            wrapped += 1
+    return wrapped
+
+
+def with_option(module: ZooModule, option: str) -> dict[str, Any]:
+    """Apply ``option`` (:data:`OPTIONS`) to ``module``; the ``Trainer`` arguments it needs."""
+    if option not in OPTIONS:
+        raise ValueError(f"option={option!r}: expected one of {OPTIONS}")
+    if option == "own_ckpt":
+        module.model.gradient_checkpointing_enable()
+    elif option == "lora" and not add_adapters(module.model):
+        raise ValueError(f"option='lora': {type(module.model).__name__} has none of {_ADAPTED} to adapt")
+    return {"accumulate": {"accumulate_grad_batches": 2}, "bf16": {"precision": "bf16-mixed"}}.get(option, {})
