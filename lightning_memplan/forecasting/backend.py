@@ -60,13 +60,13 @@ from lightning_memplan._torch.partitioner import (
 )
 from lightning_memplan._torch.storages import held_tensors, storage_key, storage_weakref
 from lightning_memplan._torch.version import check_torch_version
-from lightning_memplan.forecasting.autograd_walk import saved_tensors_of
 from lightning_memplan.forecasting.capture import (
     RegionCapture,
     decide,
     record_schedule,
     record_wrapper,
 )
+from lightning_memplan.forecasting.eager_glue import EagerGlue
 from lightning_memplan.forecasting.solver_adapter import solver_adapter_class
 from lightning_memplan.forecasting.sweep import WHOLE_REGION, PlanSweep, partition_remat
 from lightning_memplan.forecasting.validate import (
@@ -139,23 +139,12 @@ class MemplanBackend:
         #: calls returned counts once, for the first.
         self.forward_frees: dict[tuple[int, int], int] = {}
         self._position_outputs: dict[int, list[tuple[Any, int]]] = {}
-        #: While recording: ``{position: bytes}`` the eager code before that forward call made and
-        #: autograd still holds at the call (:meth:`_note_glue`): its activation inputs computed by
-        #: eager ops (two embeddings summed and dropped out in a frame that loops over blocks
-        #: compiled on their own) and the tensors those ops saved (dropout's mask), each storage
-        #: once in the step. Positions index ``executions``.
-        self.glue: dict[int, int] = {}
-        #: Of :attr:`glue`, the bytes those eager ops saved for their backward (dropout's mask; an
-        #: input they also saved): live until their backward runs, after the call's backward,
-        #: whatever the call's own backward keeps. Positions index ``executions``.
-        self.glue_saved: dict[int, int] = {}
+        #: While recording: what the eager code before each call made and something holds
+        #: (:class:`~lightning_memplan.forecasting.eager_glue.EagerGlue`).
+        self.glue = EagerGlue()
         #: Storage keys never counted as glue: the step's inputs, parameters and buffers (set by
         #: the caller before recording).
         self.step_storages: set[int] = set()
-        self._glue_storages: set[int] = set()  # storage keys counted as glue
-        #: Arguments needing no gradient, not yet counted (:meth:`settle_glue`): (position, weakref, bytes).
-        self._glue_loose: list[tuple[int, Any, int]] = []
-        self._glue_nodes: set[int] = set()  # ids of the eager autograd nodes walked
         self._output_keys: set[int] = set()  # storage keys of every recorded call's outputs
         self._forward_open = True  # no backward node of the recorded run has started yet
         #: Whether :attr:`forward_frees` and :attr:`glue` are recorded (set by the caller for
@@ -173,10 +162,6 @@ class MemplanBackend:
         self.early_frees.clear()
         self.forward_frees.clear()
         self.glue.clear()
-        self.glue_saved.clear()
-        self._glue_storages.clear()
-        self._glue_loose.clear()
-        self._glue_nodes.clear()
         self._output_keys.clear()
         self._forward_open = True
         self._position_outputs.clear()
@@ -316,7 +301,7 @@ class MemplanBackend:
             if self.watch_eager_code and not in_backward():  # a forward call, not a recompute in a backward
                 self._note_forward_frees(position - 1)
                 try:
-                    self._note_glue(position, args)
+                    self.glue.note(position, args, self.step_storages | self._output_keys)
                 except Exception as err:  # noqa: BLE001 - no glue counted for this call
                     self.regions[index].errors.append(f"eager glue not measured: {type(err).__name__}: {err}")
             executions.append(index)
@@ -351,65 +336,6 @@ class MemplanBackend:
             else:
                 alive.append((i, ref, n, key))
         self._forward_live[:] = alive
-
-    def _note_glue(self, position: int, args: Sequence[Any]) -> None:
-        """Record in :attr:`glue` the bytes the eager code before the forward call at ``position``
-        made that autograd holds: the call's tensor arguments computed by eager autograd ops (a
-        ``grad_fn`` that is no compiled region's), and the tensors saved by the eager autograd nodes
-        below them, down to the compiled regions' nodes; in :attr:`glue_saved` the bytes of those
-        saved (an argument among them counted there). Parameters, the step's inputs and buffers
-        (:attr:`step_storages`), the regions' outputs and storages counted before are left out. An
-        argument that needs no gradient and no autograd op made is counted by :meth:`settle_glue`,
-        once the step has run, if it died with the step."""
-        seen, nodes, skip = self._glue_storages, self._glue_nodes, self.step_storages | self._output_keys
-        made: dict[int, int] = {}  # storage key -> bytes, the arguments computed eagerly
-        saved: dict[int, int] = {}  # storage key -> bytes, what the eager nodes saved
-
-        def note(t: torch.Tensor, into: dict[int, int]) -> None:
-            key = storage_key(t)
-            if not isinstance(t, nn.Parameter) and key not in skip and key not in seen:
-                into[key] = int(t.untyped_storage().nbytes())
-
-        stack = []
-        for a in args:
-            if not isinstance(a, torch.Tensor):
-                continue
-            if a.grad_fn is not None and "CompiledFunction" not in a.grad_fn.name():
-                note(a, made)
-                stack.append(a.grad_fn)
-            elif a.grad_fn is None and not a.requires_grad:
-                # needs no gradient (made from frozen parameters, or no autograd op at all): eager
-                # code's if it dies with the step, a tensor the model keeps if not (settle_glue)
-                loose: dict[int, int] = {}
-                note(a, loose)
-                if loose:
-                    self._glue_loose.append((position, storage_weakref(a), sum(loose.values())))
-                    seen.update(loose)
-        while stack:
-            node = stack.pop()
-            if node is None or id(node) in nodes or "CompiledFunction" in node.name():
-                continue
-            nodes.add(id(node))
-            for t in saved_tensors_of(node):
-                note(t, saved)
-            stack.extend(n for n, _ in node.next_functions)
-        seen.update(made, saved)
-        kept = sum(saved.values())
-        total = kept + sum(n for key, n in made.items() if key not in saved)
-        if total:
-            self.glue[position] = self.glue.get(position, 0) + total
-        if kept:
-            self.glue_saved[position] = self.glue_saved.get(position, 0) + kept
-
-    def settle_glue(self) -> None:
-        """Count in :attr:`glue` the arguments :meth:`_note_glue` left open (needing no gradient,
-        made by no autograd op) whose storage is gone now that the recorded step has run: the eager
-        code made them (a frozen embedding's output dropped out), where a tensor the model keeps
-        between steps (a cache in a plain attribute) is still live and not counted."""
-        for position, ref, n in self._glue_loose:
-            if ref.expired():
-                self.glue[position] = self.glue.get(position, 0) + n
-        self._glue_loose.clear()
 
     def _watch_outputs(self, position: int, out: Any) -> None:
         """Note the storages of the outputs of the region call at ``position`` (:attr:`forward_frees`

@@ -58,9 +58,9 @@ class CompiledStep:
     #: the forward, after call ``k`` (:attr:`MemplanBackend.forward_frees`).
     forward_frees: Mapping[tuple[int, int], int] = dataclasses.field(default_factory=dict)
     #: ``{position: bytes}`` the eager code before a call made and autograd held at it
-    #: (:attr:`MemplanBackend.glue`).
+    #: (:attr:`EagerGlue.made <lightning_memplan.forecasting.eager_glue.EagerGlue.made>`).
     glue: Mapping[int, int] = dataclasses.field(default_factory=dict)
-    #: Of ``glue``, what the eager ops saved for their backward (:attr:`MemplanBackend.glue_saved`).
+    #: Of ``glue``, what the eager ops saved for their backward (``EagerGlue.saved``).
     glue_saved: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -158,15 +158,15 @@ def compile_step(
                     # the forecast lays out (be.executions)
                     be.clear_recording()
                     _backward_without_hooks(compiled(*inputs), [*params, *inputs])
-                be.settle_glue()  # the step has run: what the eager code made is gone
+                be.glue.settle()  # the step has run: what the eager code made is gone
     finally:
         be.recording = False
     seconds = time.perf_counter() - t0
     return CompiledStep(model=model, inputs=inputs, optimizer=optimizer, params=tuple(params), step=step,
                         compile_seconds=seconds, fsdp=fsdp, executions=tuple(be.executions),
                         owners=tuple(be.owners), early=dict(be.early_frees), call_params=tuple(be.call_params),
-                        forward_frees=dict(be.forward_frees), glue=dict(be.glue),
-                        glue_saved=dict(be.glue_saved))
+                        forward_frees=dict(be.forward_frees), glue=dict(be.glue.made),
+                        glue_saved=dict(be.glue.saved))
 
 
 def _forward_state(model: nn.Module) -> list[tuple[int, str, int]]:
