@@ -290,7 +290,7 @@ def stitch_step(
     for j, r in enumerate(regions):
         made = fresh[j] if j < len(fresh) else 0
         kept = min(made, fresh_saved[j] if j < len(fresh_saved) else 0)
-        device = next((e.device for e in (*r.forward.inputs, *r.forward.events)), "cuda")
+        device = next((e.device for e in (*r.forward.inputs, *r.forward.events)), "cuda") if made else "cuda"
         if made > kept:
             glue_keys[j] = alloc(AllocEvent("alloc", None, made - kept, device))
         if kept:

@@ -114,7 +114,7 @@ def region_memory(region: RegionCapture, every_op: bool) -> RegionMemory:
         # a region fed by an earlier one: whether it keeps those outputs (the batch or a tensor
         # the loss closes over, also inputs, live anyway); a call's first region: its inputs.
         # Apart: whether it keeps one of its other activation inputs (what eager code made)
-        others = [name for name in acts or () if not chain[holders.index(name)]]
+        others = [name for name, earlier in zip(holders, chain) if not earlier and name in (acts or ())]
         acts = [name for name, earlier in zip(holders, chain) if earlier]
     return profile_region(region.fw_graph.graph, region.bw_graph.graph if region.bw_graph is not None else None,
                           workspace=functools.partial(probe_workspace, every_op=every_op), activation_inputs=acts,
